@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Run the whole test suite (unit, multi-process parity on CPU/gloo, end-to-end).
+# Creates ./.venv on first use (see scripts/ensure_env.sh); extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")"
+TT_EXTRAS="${TT_EXTRAS:-dev,hf,parquet}" source scripts/ensure_env.sh
+"$PYTHON" -m ruff check .
+exec "$PYTHON" -m pytest -q "$@"

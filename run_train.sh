@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Train with torchrun. Every argument is passed on as a config override (--section.key=value).
+#
+#   NPROC (alias NGPU)  processes on this node; default: the number of GPUs, or 1 without one
+#   CONFIG_FILE         TOML config; default train_configs/debug_model.toml
+#   LOG_RANK            ranks whose output is shown (comma-separated); default 0
+#   MAX_RESTARTS        torchrun restarts of the whole job after a failure; default 0
+#   PYTHON              interpreter to use (default: ./.venv, created on first run)
+#
+# Multi-node: run the same command on every node with torchrun's rendezvous set, e.g.
+#   NNODES=4 NODE_RANK=<0..3> RDZV_ENDPOINT=<host of node 0>:29500 ./run_train.sh
+# (see scripts/multinode.slurm).
+
+set -euo pipefail
+cd "$(dirname "$0")"
+source scripts/ensure_env.sh
+
+if [[ -z "${NPROC:-${NGPU:-}}" ]]; then
+  NPROC=$(nvidia-smi -L 2>/dev/null | wc -l || true)
+  [[ "${NPROC:-0}" -gt 0 ]] || NPROC=1
+fi
+NPROC="${NPROC:-$NGPU}"
+CONFIG_FILE="${CONFIG_FILE:-train_configs/debug_model.toml}"
+LOG_RANK="${LOG_RANK:-0}"
+NNODES="${NNODES:-1}"
+
+rdzv=(--standalone)
+if [[ "$NNODES" -gt 1 ]]; then
+  rdzv=(--nnodes="$NNODES" --node_rank="${NODE_RANK:?set NODE_RANK}" --rdzv_backend=c10d
+        --rdzv_endpoint="${RDZV_ENDPOINT:?set RDZV_ENDPOINT=host:port}" --rdzv_id="${RDZV_ID:-torchtitan_like}")
+fi
+
+# gloo process groups of a restarted job cannot reuse torchrun's shared rendezvous store.
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
+export TORCHAO_FORCE_SKIP_LOADING_SO_FILES="${TORCHAO_FORCE_SKIP_LOADING_SO_FILES:-1}"
+
+exec "$PYTHON" -m torch.distributed.run "${rdzv[@]}" --nproc_per_node="$NPROC" \
+  --max-restarts="${MAX_RESTARTS:-0}" --local-ranks-filter="$LOG_RANK" --role=rank --tee=3 \
+  -m torchtitan_like.train --job.config_file "$CONFIG_FILE" "$@"

@@ -1,0 +1,88 @@
+"""Shared test machinery: a generated corpus, and multi-process launches of the real trainer.
+
+A parity test launches torchrun once per test file: the worker (parallel/worker.py) trains each
+case of a list in turn inside one process group and the per-step losses are read back from
+each case's metrics.jsonl. References are one-process launches of the same cases.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).parent / "parallel" / "worker.py"
+
+# fp32, deterministic kernels, tiny Llama (4 layers, dim 128, GQA), global batch of 4 x 64 tokens.
+BASE = [
+    "--model.flavor", "tiny",
+    "--training.seq_len", "64",
+    "--training.local_batch_size", "2",
+    "--training.global_batch_size", "4",
+    "--training.steps", "5",
+    "--training.mixed_precision_param", "float32",
+    "--lr_scheduler.warmup_steps", "2",
+    "--optimizer.lr", "3e-3",
+    "--metrics.log_freq", "1",
+    "--metrics.peak_tflops", "1",
+    "--debug.deterministic", "true",
+]
+
+_WORDS = [
+    "the", "model", "data", "token", "layer", "shard", "rank", "mesh", "batch", "step", "loss",
+    "grad", "norm", "scale", "tensor", "pipeline", "stage", "context", "ring", "attention",
+]
+
+
+def write_corpus(path: Path, documents: int = 300, seed: int = 0) -> None:
+    """JSONL documents of seeded random sentences: learnable (the loss falls) and small."""
+    rng = random.Random(seed)
+    with path.open("w") as f:
+        for _ in range(documents):
+            sentences = [" ".join(rng.choices(_WORDS, k=rng.randint(4, 12))).capitalize() + "."
+                         for _ in range(rng.randint(2, 8))]
+            f.write(json.dumps({"text": " ".join(sentences)}) + "\n")
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1",
+            "OMP_NUM_THREADS": "1"}
+
+
+def launch(nproc: int, cases: dict[str, list[str]], workdir: Path, corpus: Path,
+           timeout: int = 600) -> dict[str, list[dict]]:
+    """Train every case (CLI overrides on top of BASE) in one torchrun of ``nproc`` processes.
+
+    Returns each case's metrics.jsonl records. Raises with the launch's output on failure.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    data = ["--training.dataset", "local", "--training.dataset_path", str(corpus)]
+    spec = {name: [*BASE, *data, *overrides, "--job.dump_folder", str(workdir / name)]
+            for name, overrides in cases.items()}
+    (workdir / "cases.json").write_text(json.dumps(spec))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", str(WORKER), str(workdir / "cases.json")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"launch of {nproc} processes failed:\n{proc.stdout[-4000:]}\n"
+                           f"{proc.stderr[-8000:]}")
+    return {name: read_metrics(workdir / name) for name in cases}
+
+
+def read_metrics(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def losses(records: list[dict]) -> list[float]:
+    return [r["loss"] for r in records if "loss" in r]
+
+
+def assert_close(actual: list[float], expected: list[float], tol: float) -> None:
+    assert len(actual) == len(expected), (actual, expected)
+    diffs = [abs(a - e) for a, e in zip(actual, expected, strict=True)]
+    assert max(diffs) <= tol, f"max |diff| {max(diffs):.3g} > {tol}: {actual} vs {expected}"

@@ -1,0 +1,27 @@
+"""torchrun entry of the parity tests: train each case of a JSON file in one process group."""
+
+import json
+import os
+import sys
+
+import torch.distributed as dist
+
+from torchtitan_like.config.manager import parse_args
+from torchtitan_like.distributed.utils import init_distributed
+from torchtitan_like.logging import init_logger
+from torchtitan_like.train import Trainer
+
+
+def main() -> None:
+    init_logger()
+    with open(sys.argv[1]) as f:
+        cases = json.load(f)
+    world_size = int(os.environ["WORLD_SIZE"])
+    device = init_distributed()
+    for overrides in cases.values():
+        Trainer(parse_args(overrides, world_size), device).train()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

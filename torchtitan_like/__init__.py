@@ -1,0 +1,1 @@
+"""torchtitan_like: a PyTorch-native, composable platform for pre-training LLMs."""

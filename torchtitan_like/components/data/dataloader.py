@@ -1,0 +1,35 @@
+"""Batches of this rank's samples through torchdata's StatefulDataLoader (exact resume)."""
+
+from __future__ import annotations
+
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from torchtitan_like.components.data.datasets import PackedDataset, Split
+from torchtitan_like.components.data.sources import build_document_source
+from torchtitan_like.components.data.tokenizer import Tokenizer
+from torchtitan_like.config.job_config import Training
+
+
+def build_dataloader(
+    config: Training,
+    tokenizer: Tokenizer,
+    *,
+    dp_rank: int,
+    dp_degree: int,
+    split: Split = "train",
+) -> StatefulDataLoader:
+    """Yields (inputs, labels), each (local_batch_size, seq_len). Samples are packed in the
+    main process (num_workers = 0): the position in the stream is then one exact state."""
+    source = build_document_source(config.dataset, config.dataset_path, config.dataset_text_field)
+    dataset = PackedDataset(
+        source,
+        tokenizer,
+        seq_len=config.seq_len,
+        local_batch_size=config.local_batch_size,
+        dp_rank=dp_rank,
+        dp_degree=dp_degree,
+        split=split,
+        holdout_every=config.holdout_every,
+        name=config.dataset_path or config.dataset,
+    )
+    return StatefulDataLoader(dataset, batch_size=config.local_batch_size, num_workers=0)

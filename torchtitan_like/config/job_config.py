@@ -1,0 +1,178 @@
+"""The job configuration: one dataclass per TOML section, one documented field per key.
+
+This file is the single source of truth for every option the trainer reads. The string under
+each field is its documentation: ``--help`` and the README's reference are generated from it,
+so a field without one fails the unit tests. ``Literal`` types list the accepted values.
+Section and key names follow TorchTitan's TOML era; add fields freely, rename none.
+"""
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+DTypeName = Literal["float32", "bfloat16"]
+
+
+@dataclass
+class Job:
+    config_file: str = ""
+    """TOML file this job was read from (set with --job.config_file)."""
+
+    dump_folder: str = "./outputs"
+    """Folder for everything a run writes: metrics.jsonl, TensorBoard events, checkpoints."""
+
+    description: str = "default job"
+    """Free text shown at start-up."""
+
+    custom_import: list[str] = field(default_factory=list)
+    """Modules imported at start-up (dotted names or .py paths), e.g. one that registers a model."""
+
+
+@dataclass
+class Model:
+    name: str = "llama3"
+    """Model family, a name in the model registry (see models/registry.py)."""
+
+    flavor: str = "debugmodel"
+    """Size preset of the model family, e.g. debugmodel, tiny, 1B, 8B, 70B, 405B for llama3."""
+
+    tokenizer_path: str = ""
+    """HuggingFace tokenizer.json (or a folder holding it); empty = byte-level, needs no file."""
+
+
+@dataclass
+class Optimizer:
+    name: Literal["AdamW", "Adam"] = "AdamW"
+    """Optimizer class from torch.optim."""
+
+    lr: float = 8e-4
+    """Peak learning rate, reached at the end of warmup."""
+
+    beta1: float = 0.9
+    """Adam's first-moment decay."""
+
+    beta2: float = 0.95
+    """Adam's second-moment decay."""
+
+    eps: float = 1e-8
+    """Adam's denominator epsilon."""
+
+    weight_decay: float = 0.1
+    """Decoupled weight decay (AdamW) or L2 penalty (Adam)."""
+
+    implementation: Literal["for-loop", "foreach", "fused"] = "foreach"
+    """Kernel style of the optimizer step; fused needs a device torch has fused Adam kernels for."""
+
+
+@dataclass
+class LRScheduler:
+    warmup_steps: int = 200
+    """Steps of linear warmup from lr/(warmup_steps+1) to lr."""
+
+    decay_ratio: float = -1.0
+    """Fraction of the post-warmup steps spent decaying (WSD); -1 = decay over all of them."""
+
+    decay_type: Literal["linear", "sqrt", "cosine"] = "linear"
+    """Shape of the decay phase."""
+
+    min_lr_factor: float = 0.0
+    """Floor of the decay, as a fraction of lr."""
+
+
+@dataclass
+class Training:
+    dataset: Literal["cpython_docs", "local"] = "cpython_docs"
+    """cpython_docs: documentation text shipped with CPython (no download); local: dataset_path."""
+
+    dataset_path: str = ""
+    """For dataset = local: a .txt/.jsonl/.parquet file or a folder searched for them."""
+
+    dataset_text_field: str = "text"
+    """Field holding the document text in .jsonl records and .parquet columns."""
+
+    holdout_every: int = 50
+    """Every Nth document is kept out of training for validation; 0 = no held-out split."""
+
+    local_batch_size: int = 8
+    """Sequences per microbatch on each data-parallel rank."""
+
+    global_batch_size: int = -1
+    """Sequences per optimizer step over all ranks; a multiple of local x DP gives accumulation."""
+
+    seq_len: int = 2048
+    """Tokens per sequence."""
+
+    steps: int = 10000
+    """Optimizer steps to train for."""
+
+    max_norm: float = 1.0
+    """Gradient-norm clipping threshold; 0 disables clipping (the norm is still reported)."""
+
+    dtype: DTypeName = "float32"
+    """Dtype of the parameters the optimizer updates (master weights) and its states."""
+
+    mixed_precision_param: DTypeName = "bfloat16"
+    """Compute dtype of parameters in forward/backward (FSDP all-gathers in it; else autocast)."""
+
+    mixed_precision_reduce: DTypeName = "float32"
+    """Dtype of FSDP's gradient reduce-scatter/all-reduce."""
+
+
+@dataclass
+class Parallelism:
+    data_parallel_replicate_degree: int = 1
+    """Replicas of the model across groups of ranks (the replicate dim of HSDP)."""
+
+    data_parallel_shard_degree: int = -1
+    """Ranks FSDP shards parameters over; -1 = whatever the other degrees leave of the world."""
+
+    fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
+    """Free all-gathered parameters after forward: always, never, or default (yes unless PP)."""
+
+
+@dataclass
+class Metrics:
+    log_freq: int = 10
+    """Log (console, TensorBoard, metrics.jsonl) every this many steps; the first step always."""
+
+    enable_tensorboard: bool = False
+    """Write TensorBoard events (rank 0) under dump_folder/save_tb_folder."""
+
+    save_tb_folder: str = "tb"
+    """TensorBoard folder, relative to dump_folder."""
+
+    peak_tflops: float = 0.0
+    """Peak dense TFLOP/s of one device for MFU; 0 = GPU from the known table, CPU measured."""
+
+
+@dataclass
+class Validation:
+    enable: bool = False
+    """Evaluate on the held-out split (see training.holdout_every)."""
+
+    freq: int = 100
+    """Validate every this many steps (and after the last step)."""
+
+    steps: int = 10
+    """Batches per validation pass; every pass reads the same ones, so passes compare."""
+
+
+@dataclass
+class Debug:
+    seed: int = 42
+    """Seed for weight init and every random op; the same seed gives the same run."""
+
+    deterministic: bool = False
+    """Use deterministic algorithms only (slower; needed for bitwise reproducibility)."""
+
+
+@dataclass
+class JobConfig:
+    job: Job = field(default_factory=Job)
+    model: Model = field(default_factory=Model)
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
+    training: Training = field(default_factory=Training)
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    metrics: Metrics = field(default_factory=Metrics)
+    validation: Validation = field(default_factory=Validation)
+    debug: Debug = field(default_factory=Debug)

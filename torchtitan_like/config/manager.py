@@ -1,0 +1,302 @@
+"""Turn a TOML file plus ``--section.key=value`` overrides into a validated ``JobConfig``.
+
+Precedence, lowest first: dataclass defaults, the base files a TOML ``extends``, the TOML
+itself, then the command line. Every mistake becomes one ``ConfigError`` that names the
+section, key, value and what was expected, before any process group or model exists.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import functools
+import importlib
+import importlib.util
+import inspect
+import itertools
+import sys
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+from torchtitan_like.config.job_config import JobConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+EXTENDS_KEY = "extends"
+"""Top-level TOML key naming the base file(s) a config builds on (paths relative to it)."""
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message says what to change."""
+
+
+def did_you_mean(name: str, options: typing.Iterable[str]) -> str:
+    match = difflib.get_close_matches(name, list(options), n=1, cutoff=0.5)
+    return f"; did you mean '{match[0]}'?" if match else ""
+
+
+def sections() -> dict[str, type]:
+    """Section name -> dataclass type, in declaration order."""
+    hints = typing.get_type_hints(JobConfig)
+    return {f.name: hints[f.name] for f in dataclasses.fields(JobConfig)}
+
+
+@functools.cache
+def field_docs(section_cls: type) -> dict[str, str]:
+    """The docstring written under each field of a section dataclass."""
+    tree = ast.parse(inspect.getsource(section_cls))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for stmt, nxt in itertools.pairwise(body):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[stmt.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return "|".join(str(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) is list:
+        return f"list[{typing.get_args(tp)[0].__name__}]"
+    return tp.__name__
+
+
+def _coerce(value: Any, tp: Any, where: str, from_cli: bool) -> Any:
+    """Convert a TOML value (or a CLI string) to the field's type, or explain why not."""
+
+    def fail() -> typing.NoReturn:
+        raise ConfigError(f"{where}: got {value!r}, expected {type_name(tp)}")
+
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(
+                f"{where}: got {value!r}, expected one of {', '.join(map(repr, choices))}"
+                + did_you_mean(str(value), map(str, choices))
+            )
+        return value
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if from_cli and isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            fail()
+        return [_coerce(v, item_tp, where, from_cli) for v in value]
+    if from_cli and isinstance(value, str) and tp is not str:
+        text = value.strip().lower()
+        if tp is bool:
+            if text not in _TRUE | _FALSE:
+                fail()
+            return text in _TRUE
+        try:
+            return tp(text)
+        except ValueError:
+            fail()
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+        fail()
+    return value
+
+
+def _load_toml(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, dict[str, Any]]:
+    """Read a TOML file, merging the files it ``extends`` underneath it (section by section)."""
+    path = path.resolve()
+    if path in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, path))
+        raise ConfigError(f"config files extend each other in a cycle: {cycle}")
+    if not path.is_file():
+        origin = f" (extended by {chain[-1]})" if chain else ""
+        raise ConfigError(f"config file not found: {path}{origin}")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path} is not valid TOML: {e}") from e
+
+    bases = data.pop(EXTENDS_KEY, [])
+    merged: dict[str, dict[str, Any]] = {}
+    for base in [bases] if isinstance(bases, str) else bases:
+        for section, values in _load_toml(path.parent / base, (*chain, path)).items():
+            merged.setdefault(section, {}).update(values)
+    for section, values in data.items():
+        if not isinstance(values, dict):
+            raise ConfigError(
+                f"{path}: top-level key '{section}' is not a [section]; only '{EXTENDS_KEY}' "
+                "may stand outside one"
+            )
+        merged.setdefault(section, {}).update(values)
+    return merged
+
+
+def _split_cli(argv: list[str]) -> list[tuple[str, str | None]]:
+    """``--a.b=v``, ``--a.b v`` and bare boolean ``--a.b`` -> [(a.b, v or None)]."""
+    pairs: list[tuple[str, str | None]] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--"):
+            raise ConfigError(f"unexpected argument {arg!r}: overrides are --section.key=value")
+        key, eq, value = arg[2:].partition("=")
+        if not eq:
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if nxt is not None and not nxt.startswith("--"):
+                value, i = nxt, i + 1
+            else:
+                value = None  # type: ignore[assignment]
+        pairs.append((key, value))
+        i += 1
+    return pairs
+
+
+def _build(layers: list[tuple[str, dict[str, dict[str, Any]], bool]]) -> JobConfig:
+    """Apply override layers (origin, {section: {key: value}}, from_cli) onto the defaults."""
+    config = JobConfig()
+    known = sections()
+    for origin, layer, from_cli in layers:
+        for section, values in layer.items():
+            if section not in known:
+                raise ConfigError(
+                    f"unknown config section [{section}] in {origin}{did_you_mean(section, known)}"
+                )
+            target = getattr(config, section)
+            hints = typing.get_type_hints(known[section])
+            for key, value in values.items():
+                if key not in hints:
+                    raise ConfigError(
+                        f"unknown key '{key}' in section [{section}] ({origin})"
+                        + did_you_mean(key, hints)
+                    )
+                where = f"[{section}] {key} ({origin})"
+                if value is None:  # a bare --flag
+                    if hints[key] is not bool:
+                        raise ConfigError(f"{where}: needs a value of type {type_name(hints[key])}")
+                    value = True
+                setattr(target, key, _coerce(value, hints[key], where, from_cli))
+    return config
+
+
+def import_custom_modules(names: list[str]) -> None:
+    """Import user modules (dotted names or .py paths) so that they can register models."""
+    for name in names:
+        try:
+            if name.endswith(".py"):
+                path = Path(name).resolve()
+                spec = importlib.util.spec_from_file_location(path.stem, path)
+                if spec is None or spec.loader is None or not path.is_file():
+                    raise FileNotFoundError(path)
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[path.stem] = module
+                spec.loader.exec_module(module)
+            else:
+                importlib.import_module(name)
+        except (ImportError, FileNotFoundError) as e:
+            raise ConfigError(f"[job] custom_import: cannot import {name!r}: {e}") from e
+
+
+def parse_args(argv: list[str], world_size: int) -> JobConfig:
+    """The trainer's front door: TOML + overrides -> a validated JobConfig.
+
+    Prints --help / --print_config and exits when asked. ``world_size`` is what the degrees
+    are checked against (torchrun's WORLD_SIZE, known before any process group exists).
+    """
+    if "--help" in argv or "-h" in argv:
+        print(help_text())
+        raise SystemExit(0)
+    print_config = "--print_config" in argv
+    argv = [a for a in argv if a != "--print_config"]
+    pairs = _split_cli(argv)
+
+    cli: dict[str, dict[str, Any]] = {}
+    for key, value in pairs:
+        section, dot, name = key.partition(".")
+        if not dot or not name:
+            raise ConfigError(f"override --{key}: expected --section.key=value")
+        cli.setdefault(section, {})[name] = value
+
+    layers: list[tuple[str, dict[str, dict[str, Any]], bool]] = []
+    config_file = cli.get("job", {}).get("config_file")
+    if config_file:
+        layers.append((config_file, _load_toml(Path(config_file)), False))
+    layers.append(("command line", cli, True))
+    config = _build(layers)
+
+    import_custom_modules(config.job.custom_import)
+    from torchtitan_like.config.validate import validate
+
+    validate(config, world_size)
+    if print_config:
+        print(to_toml(config))
+        raise SystemExit(0)
+    return config
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def to_toml(config: JobConfig) -> str:
+    """The full config as TOML, every field included: what --print_config shows."""
+    out = []
+    for section in sections():
+        out.append(f"[{section}]")
+        for f in dataclasses.fields(getattr(config, section)):
+            out.append(f"{f.name} = {_toml_value(getattr(getattr(config, section), f.name))}")
+        out.append("")
+    return "\n".join(out)
+
+
+def help_text() -> str:
+    """Every field with its type, default and doc, grouped by section."""
+    lines = [
+        "usage: run_train.sh [--section.key=value ...]  (or python -m torchtitan_like.train)",
+        "",
+        "  --job.config_file PATH   TOML file to read; it may name base files with "
+        f"top-level `{EXTENDS_KEY} = \"base.toml\"`",
+        "  --print_config           print the merged, validated config as TOML and exit",
+        "  -h, --help               this text",
+        "",
+        "Booleans take true/false; lists are comma-separated. The command line wins over the TOML.",
+    ]
+    defaults = JobConfig()
+    for section, cls in sections().items():
+        lines += ["", f"[{section}]"]
+        docs = field_docs(cls)
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            default = _toml_value(getattr(getattr(defaults, section), f.name))
+            lines.append(f"  --{section}.{f.name}  ({type_name(hints[f.name])}, default {default})")
+            lines.append(f"      {docs.get(f.name, '')}")
+    return "\n".join(lines)
+
+
+__all__ = [
+    "ConfigError",
+    "did_you_mean",
+    "field_docs",
+    "help_text",
+    "import_custom_modules",
+    "parse_args",
+    "sections",
+    "to_toml",
+]

@@ -1,0 +1,132 @@
+"""Process group, determinism, layout-independent weight init, gradient clipping."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import socket
+import warnings
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def device_type() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def init_distributed(timeout_s: int = 300) -> torch.device:
+    """Join the torchrun job: NCCL for CUDA tensors (plus gloo for CPU ones) on GPUs,
+    gloo on CPU (CPU builds of torch have no NCCL). Returns this rank's device."""
+    if "RANK" not in os.environ:  # plain `python -m torchtitan_like.train`: a world of one
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if device_type() == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+        backend = "cpu:gloo,cuda:nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return device
+
+
+def set_determinism(seed: int, deterministic: bool) -> None:
+    """Same seed on every rank; with ``deterministic`` only deterministic kernels run."""
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(deterministic, warn_only=False)
+    if deterministic:
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def _dtensor_rng_is_layout_independent(model: nn.Module) -> bool:
+    """DTensor's random ops give every shard its slice of the unsharded random stream only on
+    devices with an offset-based (Philox) generator; on CPU each shard draws the same numbers,
+    which would make shards identical copies of each other."""
+    return all(
+        not isinstance(p, DTensor) or p.device_mesh.device_type != "cpu"
+        for p in model.parameters()
+    )
+
+
+@torch.no_grad()
+def init_weights(
+    model_parts: list[nn.Module], build_reference: Callable[[], nn.Module], seed: int
+) -> None:
+    """Initialise sharded parts so that their weights equal a single-device init with ``seed``.
+
+    Every part runs its own ``init_weights`` (buffers, and parameters on GPUs). Where DTensor
+    randomness is not layout-independent (CPU), the parameters are then overwritten from one
+    full reference model initialised on this CPU: affordable for the model sizes a CPU trains,
+    and it makes every layout start from the same weights as the one-process run.
+    """
+    with warnings.catch_warnings():  # the CPU case below is the one this warning is about
+        warnings.filterwarnings("ignore", "DTensor random operators may not have complete")
+        for part in model_parts:
+            torch.manual_seed(seed)
+            part.init_weights()
+    if all(_dtensor_rng_is_layout_independent(part) for part in model_parts):
+        return
+    with torch.device("cpu"):
+        reference = build_reference()
+    torch.manual_seed(seed)
+    reference.init_weights()
+    full = reference.state_dict()
+    for part in model_parts:  # a pipeline stage takes the entries of the modules it kept
+        own = {k: full[k] for k in get_model_state_dict(part)}
+        set_model_state_dict(part, own, options=StateDictOptions(full_state_dict=True))
+
+
+def maybe_autocast(fsdp_enabled: bool, param_dtype: torch.dtype, device: torch.device):
+    """Mixed precision without FSDP: autocast (FSDP casts its all-gathered parameters itself)."""
+    if fsdp_enabled or param_dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=param_dtype)
+
+
+def clip_grad_norm_(
+    parameters: Iterable[nn.Parameter], max_norm: float, pp_mesh: DeviceMesh | None = None
+) -> torch.Tensor:
+    """Total gradient 2-norm over all ranks, clipped to ``max_norm`` when it is > 0.
+
+    DTensor gradients (FSDP/TP shards) yield the norm of the full gradient after one
+    all-reduce; under pipeline parallelism each stage holds different parameters, so the
+    squared norms of the stages are summed over the ``pp`` mesh as well.
+    """
+    grads = [p.grad for p in parameters if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads, foreach=True)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    if pp_mesh is not None and pp_mesh.size() > 1:
+        total = total**2
+        dist.all_reduce(total, group=pp_mesh.get_group())
+        total = total.sqrt()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total, foreach=True)
+    return total
+
+
+def all_reduce_sum(value: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    """Sum a tensor over one (possibly flattened) mesh dim; a no-op on a size-1 dim."""
+    if mesh.size() > 1:
+        value = value.clone()
+        dist.all_reduce(value, group=mesh.get_group())
+    return value

@@ -1,0 +1,161 @@
+"""Llama 3: RMSNorm, RoPE with Llama 3.1 frequency scaling, grouped-query attention, SwiGLU.
+
+The model and nothing else: no parallelism lives here (see parallelize.py). Blocks sit in an
+``nn.ModuleDict`` keyed by layer index and the top-level modules may be ``None``, so that a
+pipeline stage is this same class with the other stages' modules removed and parameter names
+unchanged (checkpoints rely on that). RoPE is real-valued (cos | sin in one buffer, rotate-half
+layout as in HuggingFace's Llama): complex buffers do not survive bf16 casts or inductor, and
+one buffer exactly ``max_seq_len`` long is what context parallelism shards beside the tokens.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torchtitan_like.models.llama3.args import Llama3Args, RopeScaling
+
+
+def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
+    """Inverse frequencies theta^(-2i/d), with Llama 3.1 scaling applied when given."""
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    if scaling is None:
+        return freqs
+    low_wavelen = scaling.original_max_position / scaling.low_freq_factor
+    high_wavelen = scaling.original_max_position / scaling.high_freq_factor
+    wavelen = 2 * math.pi / freqs
+    smooth = (scaling.original_max_position / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    interpolated = (1 - smooth) * freqs / scaling.factor + smooth * freqs
+    scaled = torch.where(wavelen > low_wavelen, freqs / scaling.factor, interpolated)
+    return torch.where(wavelen < high_wavelen, freqs, scaled)
+
+
+def rope_cache(head_dim: int, seq_len: int, theta: float, scaling: RopeScaling | None):
+    """(seq_len, 2 * head_dim) table: cos of each position's angles, then their sin."""
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64),
+                         rope_frequencies(head_dim, theta, scaling))
+    angles = torch.cat([angles, angles], dim=-1)
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).float()
+
+
+def apply_rope(x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    """Rotate (bs, seq, heads, head_dim) by position: x*cos + rotate_half(x)*sin."""
+    cos, sin = cache[: x.shape[1]].unsqueeze(1).chunk(2, dim=-1)
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x * cos + rotated * sin).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: Llama3Args):
+        super().__init__()
+        self.head_dim = args.head_dim
+        self.n_rep = args.n_heads // args.kv_heads  # query heads sharing one KV head
+        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        bs, seq_len, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds a slice of the heads.
+        q = apply_rope(self.wq(x).view(bs, seq_len, -1, self.head_dim), rope)
+        k = apply_rope(self.wk(x).view(bs, seq_len, -1, self.head_dim), rope)
+        v = self.wv(x).view(bs, seq_len, -1, self.head_dim)
+        k = k.repeat_interleave(self.n_rep, dim=2)
+        v = v.repeat_interleave(self.n_rep, dim=2)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        return self.wo(out.transpose(1, 2).reshape(bs, seq_len, -1))
+
+    def init_weights(self, init_std: float) -> None:
+        for linear in (self.wq, self.wk, self.wv):
+            nn.init.trunc_normal_(linear.weight, mean=0.0, std=0.02)
+        nn.init.trunc_normal_(self.wo.weight, mean=0.0, std=init_std)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, dim: int, hidden_dim: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    def init_weights(self, init_std: float) -> None:
+        nn.init.trunc_normal_(self.w1.weight, mean=0.0, std=0.02)
+        for linear in (self.w2, self.w3):
+            nn.init.trunc_normal_(linear.weight, mean=0.0, std=init_std)
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, layer_id: int, args: Llama3Args):
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
+        depth = layer_id + 1 if args.depth_init else args.n_layers
+        self.init_std = 0.02 / (2 * depth) ** 0.5
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def init_weights(self) -> None:
+        for norm in (self.attention_norm, self.ffn_norm):
+            norm.reset_parameters()
+        self.attention.init_weights(self.init_std)
+        self.feed_forward.init_weights(self.init_std)
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: Llama3Args):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleDict(
+            {str(i): TransformerBlock(i, args) for i in range(args.n_layers)}
+        )
+        self.norm: nn.RMSNorm | None = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self.register_buffer("rope_cache", self._rope_cache(), persistent=False)
+
+    def _rope_cache(self) -> torch.Tensor:
+        a = self.args
+        return rope_cache(a.head_dim, a.max_seq_len, a.rope_theta, a.rope_scaling)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token ids (bs, seq) -> logits (bs, seq, vocab); a pipeline stage without the
+        embedding takes hidden states instead, and one without the head returns them."""
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        for layer in self.layers.values():
+            h = layer(h, self.rope_cache)
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Initialise every parameter and rebuild the RoPE table (after ``to_empty``)."""
+        self.rope_cache.copy_(self._rope_cache().to(self.rope_cache.device))
+        std = self.args.dim**-0.5
+        if self.tok_embeddings is not None and not self.args.tie_word_embeddings:
+            nn.init.normal_(self.tok_embeddings.weight)
+        for layer in self.layers.values():
+            layer.init_weights()
+        if self.norm is not None:
+            self.norm.reset_parameters()
+        if self.output is not None:
+            nn.init.trunc_normal_(self.output.weight, std=std, a=-3 * std, b=3 * std)

@@ -1,0 +1,105 @@
+"""The model registry: how the trainer finds a model, its sizes and its parallelization plan.
+
+A ``ModelSpec`` bundles everything model-specific the trainer needs; nothing else in the
+trainer knows a model by name. Research models register themselves from outside the package:
+name a module in ``[job] custom_import`` that calls ``register_model`` (README, "Your own model").
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from torchtitan_like.config.manager import ConfigError, did_you_mean
+
+if TYPE_CHECKING:
+    from torchtitan_like.config.job_config import JobConfig
+    from torchtitan_like.distributed.parallel_dims import Meshes, ParallelDims
+
+
+@dataclasses.dataclass
+class BaseModelArgs(abc.ABC):
+    """Hyper-parameters of one model family; a flavor is an instance of its subclass."""
+
+    @abc.abstractmethod
+    def update_from_config(self, job_config: JobConfig) -> None:
+        """Adopt what the job decides, e.g. the RoPE table length from training.seq_len."""
+
+    @abc.abstractmethod
+    def num_params(self) -> int:
+        """Parameter count (tied weights counted once)."""
+
+    @abc.abstractmethod
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs (forward + backward) per token."""
+
+    def validate(self, job_config: JobConfig, parallel_dims: ParallelDims) -> None:  # noqa: B027
+        """Raise ConfigError if this model cannot run the job's layout; default: anything goes."""
+
+
+ParallelizeFn = Callable[["nn.Module", "ParallelDims", "Meshes", "JobConfig"], "nn.Module"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    """Registry key, the value of [model] name."""
+
+    model_cls: Callable[[Any], nn.Module]
+    """Builds the plain model from an args instance; must offer ``init_weights()``."""
+
+    flavors: Mapping[str, BaseModelArgs]
+    """Size presets, the values of [model] flavor."""
+
+    parallelize_fn: ParallelizeFn
+    """Applies TP/CP/AC/compile/FSDP to one model part, in the documented order."""
+
+    pipelining_fn: Callable[..., Any] | None = None
+    """Splits the model into pipeline stages; None = this model cannot be pipelined."""
+
+    hf_adapter: Any | None = None
+    """Converts to and from HuggingFace safetensors; None = no interop."""
+
+
+_REGISTRY: dict[str, ModelSpec] = {}
+
+
+def register_model(spec: ModelSpec) -> None:
+    """Make ``spec`` trainable as ``[model] name = spec.name``."""
+    if spec.name in _REGISTRY and _REGISTRY[spec.name] is not spec:
+        raise ValueError(f"a model named {spec.name!r} is already registered")
+    _REGISTRY[spec.name] = spec
+
+
+def get_model_spec(name: str) -> ModelSpec:
+    import torchtitan_like.models  # noqa: F401  (registers the built-in models)
+
+    if name not in _REGISTRY:
+        raise ConfigError(
+            f"[model] name: unknown model {name!r}; registered: {', '.join(sorted(_REGISTRY))}"
+            + did_you_mean(name, _REGISTRY)
+            + " (a model of your own is registered by a module named in [job] custom_import)"
+        )
+    return _REGISTRY[name]
+
+
+def get_model_args(spec: ModelSpec, flavor: str) -> BaseModelArgs:
+    """A fresh copy of the flavor's args, safe to update for this job."""
+    if flavor not in spec.flavors:
+        raise ConfigError(
+            f"[model] flavor: {spec.name} has no flavor {flavor!r}; "
+            f"choose from {', '.join(spec.flavors)}" + did_you_mean(flavor, spec.flavors)
+        )
+    return dataclasses.replace(spec.flavors[flavor])
+
+
+def model_spec_and_args(job_config: JobConfig) -> tuple[ModelSpec, BaseModelArgs]:
+    """The job's model spec and its flavor's args, updated for the job."""
+    spec = get_model_spec(job_config.model.name)
+    args = get_model_args(spec, job_config.model.flavor)
+    args.update_from_config(job_config)
+    return spec, args

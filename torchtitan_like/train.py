@@ -1,0 +1,202 @@
+"""The trainer: builds everything in the documented order, then runs the loop.
+
+Run it through ``./run_train.sh`` (torchrun), or ``python -m torchtitan_like.train`` for one
+process. Build order (DESIGN.md, "Data flow"): mesh -> data -> model on meta -> converters ->
+pipeline split -> parallelize plan -> materialise -> optimizer/scheduler -> metrics -> loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from torchtitan_like.components.data.dataloader import build_dataloader
+from torchtitan_like.components.data.tokenizer import build_tokenizer
+from torchtitan_like.components.loss import count_labelled_tokens, cross_entropy_sum
+from torchtitan_like.components.lr_scheduler import LRSchedulersContainer
+from torchtitan_like.components.metrics import MetricsLogger, peak_tflops
+from torchtitan_like.components.optimizer import OptimizersContainer
+from torchtitan_like.config.job_config import JobConfig
+from torchtitan_like.config.manager import ConfigError, parse_args
+from torchtitan_like.config.validate import grad_accumulation_steps, parallel_dims_of
+from torchtitan_like.distributed import utils as dist_utils
+from torchtitan_like.logging import init_logger, logger
+from torchtitan_like.models.registry import model_spec_and_args
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradient norm stopped being finite."""
+
+
+class Trainer:
+    def __init__(self, config: JobConfig, device: torch.device):
+        self.config = config
+        self.device = device
+        training = config.training
+
+        # 1. Mesh, then the same seed everywhere.
+        self.parallel_dims = parallel_dims_of(config, dist.get_world_size())
+        self.meshes = self.parallel_dims.build_meshes(device.type)
+        dist_utils.set_determinism(config.debug.seed, config.debug.deterministic)
+
+        # 2. Data for this rank's data-parallel index.
+        self.tokenizer = build_tokenizer(config.model.tokenizer_path)
+        self.dp_rank = self.meshes.dp.get_local_rank()
+        self.dataloader = build_dataloader(
+            training, self.tokenizer, dp_rank=self.dp_rank, dp_degree=self.parallel_dims.dp
+        )
+        self.grad_accumulation_steps = grad_accumulation_steps(config, self.parallel_dims.dp)
+
+        # 3-6. The plain model on meta, then the parallelization plan on it.
+        spec, self.model_args = model_spec_and_args(config)
+        with torch.device("meta"):
+            model = spec.model_cls(self.model_args).to(dist_utils.DTYPES[training.dtype])
+        self.model_parts = [spec.parallelize_fn(model, self.parallel_dims, self.meshes, config)]
+
+        # 7. Materialise and initialise identically under every layout.
+        for part in self.model_parts:
+            part.to_empty(device=device)
+        dist_utils.init_weights(
+            self.model_parts, lambda: spec.model_cls(self.model_args), config.debug.seed
+        )
+        for part in self.model_parts:
+            part.train()
+
+        # 8. Optimizer and LR schedule.
+        self.optimizers = OptimizersContainer(self.model_parts, config.optimizer)
+        self.lr_schedulers = LRSchedulersContainer(
+            self.optimizers, config.lr_scheduler, training.steps
+        )
+        self.step = 0
+
+        # 9. Metrics.
+        compute_dtype = dist_utils.DTYPES[training.mixed_precision_param]
+        self.metrics = MetricsLogger(
+            dump_folder=config.job.dump_folder,
+            writer=dist.get_rank() == 0,
+            enable_tensorboard=config.metrics.enable_tensorboard,
+            tb_folder=config.metrics.save_tb_folder,
+            device=device,
+            flops_per_token=self.model_args.flops_per_token(training.seq_len),
+            peak=peak_tflops(device, config.metrics.peak_tflops, compute_dtype),
+            replica_devices=self.parallel_dims.non_data_parallel_size,
+            world_size=self.parallel_dims.world_size,
+        )
+        self.autocast = dist_utils.maybe_autocast(
+            self.parallel_dims.fsdp_enabled, compute_dtype, device
+        )
+        n_params = sum(p.numel() for part in self.model_parts for p in part.parameters())
+        logger.info(
+            f"{config.model.name} {config.model.flavor}: {self.model_args.num_params():,} "
+            f"parameters ({n_params:,} on this rank); layout {self.parallel_dims}; "
+            f"{self.grad_accumulation_steps} microbatch(es) of {training.local_batch_size} x "
+            f"{training.seq_len} tokens per step"
+        )
+
+    def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor,
+                         global_tokens: torch.Tensor) -> torch.Tensor:
+        """One microbatch; returns its share of the step's global mean loss."""
+        (model,) = self.model_parts
+        with self.autocast:
+            loss = cross_entropy_sum(model(inputs), labels) / global_tokens
+        loss.backward()
+        return loss.detach()
+
+    def train_step(self, microbatches: list[Batch]) -> tuple[torch.Tensor, float]:
+        self.optimizers.zero_grad()
+        labelled = sum(count_labelled_tokens(labels) for _, labels in microbatches)
+        global_tokens = dist_utils.all_reduce_sum(labelled.to(self.device), self.meshes.dp)
+        loss = sum(
+            self.forward_backward(inputs.to(self.device), labels.to(self.device), global_tokens)
+            for inputs, labels in microbatches
+        )
+        grad_norm = dist_utils.clip_grad_norm_(
+            [p for part in self.model_parts for p in part.parameters()],
+            self.config.training.max_norm,
+            self.meshes.pp,
+        ).item()
+        if not math.isfinite(grad_norm):
+            raise TrainingDiverged(
+                f"step {self.step}: gradient norm is {grad_norm} (local loss share "
+                f"{loss.item():.4g}); stopped before the optimizer step, weights untouched. "
+                "Lower [optimizer] lr, raise warmup, or check the data."
+            )
+        self.optimizers.step()
+        self.lr_schedulers.step()
+        return loss, grad_norm
+
+    @torch.no_grad()
+    def validate(self) -> float:
+        """Mean loss over the first ``[validation] steps`` held-out batches (the same ones on
+        every pass, so passes compare)."""
+        (model,) = self.model_parts
+        model.eval()
+        batches = build_dataloader(self.config.training, self.tokenizer, dp_rank=self.dp_rank,
+                                   dp_degree=self.parallel_dims.dp, split="validation")
+        loss_sum = torch.zeros((), device=self.device)
+        tokens = torch.zeros((), device=self.device, dtype=torch.long)
+        for inputs, labels in itertools.islice(batches, self.config.validation.steps):
+            inputs, labels = inputs.to(self.device), labels.to(self.device)
+            with self.autocast:
+                loss_sum += cross_entropy_sum(model(inputs), labels)
+            tokens += count_labelled_tokens(labels)
+        model.train()
+        loss_sum = dist_utils.all_reduce_sum(loss_sum, self.meshes.dp_cp)
+        return (loss_sum / dist_utils.all_reduce_sum(tokens, self.meshes.dp)).item()
+
+    def train(self) -> None:
+        training, validation = self.config.training, self.config.validation
+        data = iter(self.dataloader)
+        tokens_per_step = (self.grad_accumulation_steps * training.local_batch_size
+                           * training.seq_len)
+        logger.info(f"training {training.steps} steps; writing to {self.config.job.dump_folder}")
+        while self.step < training.steps:
+            self.step += 1
+            start = time.perf_counter()
+            microbatches = [next(data) for _ in range(self.grad_accumulation_steps)]
+            self.metrics.add_step(tokens_per_step, time.perf_counter() - start)
+            lr = self.lr_schedulers.last_lr
+            loss, grad_norm = self.train_step(microbatches)
+
+            last = self.step == training.steps
+            if self.step == 1 or self.step % self.config.metrics.log_freq == 0 or last:
+                global_loss = dist_utils.all_reduce_sum(loss, self.meshes.dp_cp).item()
+                self.metrics.log(self.step, {"loss": global_loss, "grad_norm": grad_norm, "lr": lr})
+            if validation.enable and (self.step % validation.freq == 0 or last):
+                self.metrics.log_validation(self.step, self.validate())
+        self.metrics.close()
+        folder, metrics = self.config.job.dump_folder, self.config.metrics
+        tensorboard = f"{folder}/{metrics.save_tb_folder}"
+        logger.info(f"done: metrics in {folder}/metrics.jsonl" + (
+            f", TensorBoard: tensorboard --logdir {tensorboard}" if metrics.enable_tensorboard
+            else ""))
+
+
+def main(argv: list[str] | None = None) -> None:
+    init_logger()
+    try:
+        config = parse_args(sys.argv[1:] if argv is None else argv,
+                            int(os.environ.get("WORLD_SIZE", 1)))
+    except ConfigError as e:
+        logger.error(f"config error: {e}")
+        raise SystemExit(2) from None
+    device = dist_utils.init_distributed()
+    try:
+        Trainer(config, device).train()
+    except TrainingDiverged as e:
+        logger.error(f"training diverged: {e}")
+        raise SystemExit(3) from None
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
