@@ -16,6 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from torchtitan_like.components.compile import maybe_compile_loss, set_inductor_cache
 from torchtitan_like.components.data.dataloader import build_dataloader
 from torchtitan_like.components.data.tokenizer import build_tokenizer
 from torchtitan_like.components.loss import count_labelled_tokens, cross_entropy_sum
@@ -46,6 +47,7 @@ class Trainer:
         self.parallel_dims = parallel_dims_of(config, dist.get_world_size())
         self.meshes = self.parallel_dims.build_meshes(device.type)
         dist_utils.set_determinism(config.debug.seed, config.debug.deterministic)
+        set_inductor_cache(config.compile)
 
         # 2. Data for this rank's data-parallel index.
         self.tokenizer = build_tokenizer(config.model.tokenizer_path)
@@ -69,6 +71,7 @@ class Trainer:
         )
         for part in self.model_parts:
             part.train()
+        self.loss_fn = maybe_compile_loss(cross_entropy_sum, config.compile)
 
         # 8. Optimizer and LR schedule.
         self.optimizers = OptimizersContainer(self.model_parts, config.optimizer)
@@ -106,7 +109,7 @@ class Trainer:
         """One microbatch; returns its share of the step's global mean loss."""
         (model,) = self.model_parts
         with self.autocast:
-            loss = cross_entropy_sum(model(inputs), labels) / global_tokens
+            loss = self.loss_fn(model(inputs), labels) / global_tokens
         loss.backward()
         return loss.detach()
 
@@ -146,7 +149,7 @@ class Trainer:
         for inputs, labels in itertools.islice(batches, self.config.validation.steps):
             inputs, labels = inputs.to(self.device), labels.to(self.device)
             with self.autocast:
-                loss_sum += cross_entropy_sum(model(inputs), labels)
+                loss_sum += self.loss_fn(model(inputs), labels)
             tokens += count_labelled_tokens(labels)
         model.train()
         loss_sum = dist_utils.all_reduce_sum(loss_sum, self.meshes.dp_cp)

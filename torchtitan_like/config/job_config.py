@@ -130,6 +130,27 @@ class Parallelism:
 
 
 @dataclass
+class ActivationCheckpoint:
+    mode: Literal["none", "full", "selective"] = "none"
+    """Recompute activations in backward: none, full (every block) or selective."""
+
+    selective_ac_option: str = "op"
+    """For selective: "op" (save matmul/attention outputs) or N (checkpoint every N-th block)."""
+
+
+@dataclass
+class Compile:
+    enable: bool = False
+    """torch.compile the components below."""
+
+    components: list[Literal["model", "loss"]] = field(default_factory=lambda: ["model", "loss"])
+    """What to compile: model (each transformer block) and/or loss."""
+
+    cache_dir: str = ""
+    """Persistent inductor cache folder (TORCHINDUCTOR_CACHE_DIR); empty = torch's default."""
+
+
+@dataclass
 class Metrics:
     log_freq: int = 10
     """Log (console, TensorBoard, metrics.jsonl) every this many steps; the first step always."""
@@ -173,6 +194,8 @@ class JobConfig:
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
     training: Training = field(default_factory=Training)
     parallelism: Parallelism = field(default_factory=Parallelism)
+    activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
+    compile: Compile = field(default_factory=Compile)
     metrics: Metrics = field(default_factory=Metrics)
     validation: Validation = field(default_factory=Validation)
     debug: Debug = field(default_factory=Debug)

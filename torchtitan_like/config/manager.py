@@ -71,7 +71,7 @@ def type_name(tp: Any) -> str:
     if typing.get_origin(tp) is Literal:
         return "|".join(str(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) is list:
-        return f"list[{typing.get_args(tp)[0].__name__}]"
+        return f"list[{type_name(typing.get_args(tp)[0])}]"
     return tp.__name__
 
 

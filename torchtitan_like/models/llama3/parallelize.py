@@ -6,6 +6,8 @@ tensor parallel -> context parallel -> activation checkpointing -> torch.compile
 
 from __future__ import annotations
 
+from torchtitan_like.components.activation_checkpoint import apply_ac
+from torchtitan_like.components.compile import apply_compile
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.distributed.fsdp import apply_fsdp, reshard_after_forward
 from torchtitan_like.distributed.parallel_dims import Meshes, ParallelDims
@@ -16,6 +18,8 @@ from torchtitan_like.models.llama3.model import Transformer
 def parallelize_llama(
     model: Transformer, parallel_dims: ParallelDims, meshes: Meshes, config: JobConfig
 ) -> Transformer:
+    apply_ac(model.layers, config.activation_checkpoint)
+    apply_compile(model.layers, config.compile)
     if parallel_dims.fsdp_enabled:
         blocks = [[block] for block in model.layers.values()]
         # A tied embedding and head share one weight, so they must share one FSDP unit: the root.
