@@ -128,9 +128,12 @@ class Transformer(nn.Module):
             {str(i): TransformerBlock(i, args) for i in range(args.n_layers)}
         )
         self.norm: nn.RMSNorm | None = nn.RMSNorm(args.dim, eps=args.norm_eps)
-        self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
-        if args.tie_word_embeddings:
-            self.output.weight = self.tok_embeddings.weight
+        # A tied head multiplies by the embedding table itself (no second Parameter object that
+        # would have to stay shared through to_empty, FSDP and checkpoint loading).
+        self.output: nn.Linear | None = (
+            None if args.tie_word_embeddings
+            else nn.Linear(args.dim, args.vocab_size, bias=False)
+        )
         self.register_buffer("rope_cache", self._rope_cache(), persistent=False)
 
     def _rope_cache(self) -> torch.Tensor:
@@ -144,15 +147,22 @@ class Transformer(nn.Module):
         for layer in self.layers.values():
             h = layer(h, self.rope_cache)
         h = self.norm(h) if self.norm is not None else h
-        return self.output(h) if self.output is not None else h
+        if self.output is not None:
+            return self.output(h)
+        if self.args.tie_word_embeddings:
+            return F.linear(h, self.tok_embeddings.weight)
+        return h
 
     @torch.no_grad()
     def init_weights(self) -> None:
         """Initialise every parameter and rebuild the RoPE table (after ``to_empty``)."""
         self.rope_cache.copy_(self._rope_cache().to(self.rope_cache.device))
         std = self.args.dim**-0.5
-        if self.tok_embeddings is not None and not self.args.tie_word_embeddings:
-            nn.init.normal_(self.tok_embeddings.weight)
+        if self.tok_embeddings is not None:
+            if self.args.tie_word_embeddings:  # the table is also the head: the head's init
+                nn.init.trunc_normal_(self.tok_embeddings.weight, std=std, a=-3 * std, b=3 * std)
+            else:
+                nn.init.normal_(self.tok_embeddings.weight)
         for layer in self.layers.values():
             layer.init_weights()
         if self.norm is not None:
