@@ -3,6 +3,6 @@
 # Creates ./.venv on first use (see scripts/ensure_env.sh); extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")"
-TT_EXTRAS="${TT_EXTRAS:-dev,hf,parquet}" source scripts/ensure_env.sh
+TT_EXTRAS="${TT_EXTRAS:-dev,hf,parquet,plot}" source scripts/ensure_env.sh
 "$PYTHON" -m ruff check .
 exec "$PYTHON" -m pytest -q "$@"

@@ -12,6 +12,7 @@ import math
 import os
 import sys
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -185,6 +186,7 @@ class Trainer:
 
 def main(argv: list[str] | None = None) -> None:
     init_logger()
+    warnings.filterwarnings("ignore", message="'set_vital' is deprecated")  # torchdata 0.11
     try:
         config = parse_args(sys.argv[1:] if argv is None else argv,
                             int(os.environ.get("WORLD_SIZE", 1)))

@@ -167,3 +167,13 @@ def test_empty_dataset_folder_and_small_vocab(tmp_path):
     tok.save(str(tmp_path / "tokenizer.json"))
     with pytest.raises(ConfigError, match="602 tokens but .* tiny only 512"):
         parse_args(["--model.flavor=tiny", f"--model.tokenizer_path={tmp_path}"], 1)
+
+
+def test_readme_config_reference_is_current():
+    import subprocess
+    import sys
+
+    from harness import ROOT
+
+    check = subprocess.run([sys.executable, "scripts/config_reference.py", "--check"], cwd=ROOT)
+    assert check.returncode == 0, "README is stale: run python scripts/config_reference.py"

@@ -290,6 +290,21 @@ def help_text() -> str:
     return "\n".join(lines)
 
 
+def reference_markdown() -> str:
+    """The README's config reference: one table per section, generated from the dataclasses."""
+    out = []
+    defaults = JobConfig()
+    for section, cls in sections().items():
+        docs, hints = field_docs(cls), typing.get_type_hints(cls)
+        out += [f"### [{section}]", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        for f in dataclasses.fields(cls):
+            default = _toml_value(getattr(getattr(defaults, section), f.name))
+            kind = type_name(hints[f.name]).replace("|", "\\|")
+            out.append(f"| `{f.name}` | {kind} | `{default}` | {docs.get(f.name, '')} |")
+        out.append("")
+    return "\n".join(out)
+
+
 __all__ = [
     "ConfigError",
     "did_you_mean",
@@ -297,6 +312,7 @@ __all__ = [
     "help_text",
     "import_custom_modules",
     "parse_args",
+    "reference_markdown",
     "sections",
     "to_toml",
 ]
