@@ -30,7 +30,8 @@ def test_toml_then_command_line_wins(tmp_path):
 def test_extends_chain_merges_section_by_section(tmp_path):
     write(tmp_path / "base.toml", "[training]\nsteps = 3\nseq_len = 32\n[model]\nflavor = 'tiny'\n")
     write(tmp_path / "mid.toml", "extends = 'base.toml'\n[training]\nsteps = 4\n")
-    child = write(tmp_path / "child.toml", "extends = ['mid.toml']\n[training]\nlocal_batch_size = 2\n")
+    child = write(tmp_path / "child.toml",
+                  "extends = ['mid.toml']\n[training]\nlocal_batch_size = 2\n")
     t = parse_args(["--job.config_file", child], 1)
     assert (t.training.steps, t.training.seq_len, t.training.local_batch_size) == (4, 32, 2)
     assert t.model.flavor == "tiny"
@@ -42,7 +43,7 @@ def test_extends_cycle_and_missing_base(tmp_path):
     with pytest.raises(ConfigError, match="cycle"):
         parse_args(["--job.config_file", a], 1)
     c = write(tmp_path / "c.toml", "extends = 'nope.toml'\n")
-    with pytest.raises(ConfigError, match="nope.toml.*extended by"):
+    with pytest.raises(ConfigError, match=r"nope\.toml.*extended by"):
         parse_args(["--job.config_file", c], 1)
 
 
@@ -157,7 +158,7 @@ def test_validation_errors(args, world_size, message):
 
 def test_empty_dataset_folder_and_small_vocab(tmp_path):
     (tmp_path / "notes.md").write_text("not a supported file")
-    with pytest.raises(ConfigError, match="no .txt/.jsonl/.parquet files"):
+    with pytest.raises(ConfigError, match=r"no \.txt/\.jsonl/\.parquet files"):
         parse_args(["--training.dataset=local", f"--training.dataset_path={tmp_path}"], 1)
     tokenizers = pytest.importorskip("tokenizers")
     from tokenizers.models import WordLevel
@@ -165,7 +166,7 @@ def test_empty_dataset_folder_and_small_vocab(tmp_path):
     vocab = {f"w{i}": i for i in range(600)} | {"<s>": 600, "</s>": 601}
     tok = tokenizers.Tokenizer(WordLevel(vocab, unk_token="w0"))
     tok.save(str(tmp_path / "tokenizer.json"))
-    with pytest.raises(ConfigError, match="602 tokens but .* tiny only 512"):
+    with pytest.raises(ConfigError, match=r"602 tokens but .* tiny only 512"):
         parse_args(["--model.flavor=tiny", f"--model.tokenizer_path={tmp_path}"], 1)
 
 

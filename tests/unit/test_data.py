@@ -1,7 +1,7 @@
 """Packing, sample-level sharding, exact resume (also under another DP degree), sources."""
 
-import json
 import itertools
+import json
 
 import pytest
 import torch

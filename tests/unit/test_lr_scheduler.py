@@ -1,3 +1,4 @@
+import itertools
 import math
 
 import pytest
@@ -35,7 +36,7 @@ def test_wsd_decay_shapes_with_floor(decay_type, shape):
 def test_default_decays_over_everything_after_warmup():
     f = factors(warmup_steps=2, decay_ratio=-1, min_lr_factor=0.0)
     assert f[2] == 1.0 and f[-1] == pytest.approx(1 / 8)
-    assert all(a > b for a, b in zip(f[2:], f[3:]))
+    assert all(a > b for a, b in itertools.pairwise(f[2:]))
 
 
 def test_container_drives_every_optimizer():

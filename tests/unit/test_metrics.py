@@ -21,7 +21,8 @@ def test_records_throughput_mfu_and_validation(tmp_path):
     assert record["mfu"] == pytest.approx(100 * record["tflops"] / 10.0)
     assert record["data_loading_percent"] == pytest.approx(25, rel=0.05)
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert lines[0]["loss"] == 2.0 and lines[1]["validation_perplexity"] == pytest.approx(2.718, 1e-3)
+    assert lines[0]["loss"] == 2.0
+    assert lines[1]["validation_perplexity"] == pytest.approx(2.718, 1e-3)
     assert any((tmp_path / "tb").iterdir())
 
 
