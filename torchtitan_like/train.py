@@ -48,7 +48,7 @@ class Trainer:
         self.parallel_dims = parallel_dims_of(config, dist.get_world_size())
         self.meshes = self.parallel_dims.build_meshes(device.type)
         dist_utils.set_determinism(config.debug.seed, config.debug.deterministic)
-        set_inductor_cache(config.compile)
+        set_inductor_cache(config.compile, self.meshes)
 
         # 2. Data for this rank's data-parallel index.
         self.tokenizer = build_tokenizer(config.model.tokenizer_path)
