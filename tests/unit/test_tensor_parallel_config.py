@@ -3,11 +3,15 @@
 import logging
 
 import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from torchtitan_like.config.job_config import JobConfig, Parallelism
 from torchtitan_like.config.manager import ConfigError, field_docs, parse_args
 from torchtitan_like.config.validate import parallel_dims_of
 from torchtitan_like.distributed.parallel_dims import ParallelDims
+from torchtitan_like.distributed.tensor_parallel import maybe_enable_async_tp
 from torchtitan_like.logging import logger
 from torchtitan_like.models.llama3 import Llama3Args
 
@@ -92,3 +96,23 @@ def test_tp_across_nodes_is_a_warning(monkeypatch, log):
     log.clear()
     parse_args(tp(2), 4)
     assert not log.text
+
+
+def test_async_tp_setup_registers_the_tp_group(monkeypatch):
+    """The GPU path's calls, checked against this torch on a one-process gloo group (the
+    inductor pass itself only fires on CUDA): the flag is set and the TP group is one the
+    micro-pipeline pass accepts."""
+    import torch._inductor.config as inductor_config
+    from torch.distributed._symmetric_memory import is_symm_mem_enabled_for_group
+
+    monkeypatch.setattr(inductor_config, "_micro_pipeline_tp", False)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+        maybe_enable_async_tp(False, mesh)
+        assert not torch._inductor.config._micro_pipeline_tp
+        maybe_enable_async_tp(True, mesh)
+        assert torch._inductor.config._micro_pipeline_tp
+        assert is_symm_mem_enabled_for_group(mesh.get_group().group_name)
+    finally:
+        dist.destroy_process_group()

@@ -109,6 +109,7 @@ def maybe_enable_async_tp(enabled: bool, tp_mesh: DeviceMesh) -> None:
     """Turn on inductor's micro-pipeline TP for the TP group (validated: CUDA + compile)."""
     if not enabled:
         return
+    import torch._inductor.config
     from torch.distributed._symmetric_memory import (
         enable_symm_mem_for_group,
         is_symm_mem_enabled_for_group,

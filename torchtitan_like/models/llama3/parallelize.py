@@ -14,6 +14,7 @@ from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
     PrepareModuleInput,
+    PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -59,7 +60,8 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, loss_parallel: bool) ->
     """Megatron TP with sequence parallel (distributed/tensor_parallel.py) on a model part.
 
     Between blocks the hidden states are sequence-sharded local tensors (Shard(1)); that is
-    also what a pipeline stage sends to the next one.
+    also what a pipeline stage sends to the next one. The logits are a vocab-sharded DTensor
+    under loss parallel, else a plain tensor.
     """
     edges: dict[str, ParallelStyle] = {}
     if model.tok_embeddings is not None:  # vocab rows; the reduce-scatter shards the sequence
@@ -78,10 +80,19 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, loss_parallel: bool) ->
         parallelize_module(block, tp_mesh, _block_plan())
     if model.tok_embeddings is not None:
         materialise_output(model.tok_embeddings)  # before it reaches a compiled block
-        if model.output is not None and model.args.tie_word_embeddings:
-            # Each style made its own sharded copy of the shared weight; both are Shard(0) on
-            # the vocabulary, so one DTensor serves both again.
-            model.output.weight = model.tok_embeddings.weight
+        if model.norm is not None and model.args.tie_word_embeddings:
+            _shard_tied_head(model, tp_mesh, loss_parallel)
+
+
+def _shard_tied_head(model: Transformer, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
+    """A tied head is ``F.linear(h, embedding table)``, and the table is already split by
+    vocabulary rows (Shard(0)), exactly as a column-wise head's weight: only the head's input
+    must become a DTensor, all-gathered along the sequence, for DTensor to compute the
+    vocab-sharded logits; without loss parallel they are then gathered."""
+    parallelize_module(model.norm, tp_mesh, PrepareModuleOutput(
+        output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=False))
+    if not loss_parallel:
+        model.register_forward_hook(lambda _module, _args, logits: logits.full_tensor())
 
 
 def _block_plan() -> dict[str, ParallelStyle]:
