@@ -98,11 +98,10 @@ def _shard_tied_head(model: Transformer, tp_mesh: DeviceMesh, loss_parallel: boo
 def _block_plan() -> dict[str, ParallelStyle]:
     """One transformer block: SP norms, then all-gather -> column-wise -> row-wise ->
     reduce-scatter around attention and around the feed-forward."""
-    gather = PrepareModuleInput(input_layouts=(Shard(1), None),
-                                desired_input_layouts=(Replicate(), None))
     return {
         "attention_norm": SequenceParallel(),
-        "attention": gather,  # (x, rope): only x is sharded
+        "attention": PrepareModuleInput(input_layouts=(Shard(1), None),  # (x, rope)
+                                        desired_input_layouts=(Replicate(), None)),
         "attention.wq": ColwiseParallel(),
         "attention.wk": ColwiseParallel(),
         "attention.wv": ColwiseParallel(),
