@@ -48,7 +48,7 @@ class Trainer:
         self.parallel_dims = parallel_dims_of(config, dist.get_world_size())
         self.meshes = self.parallel_dims.build_meshes(device.type)
         dist_utils.set_determinism(config.debug.seed, config.debug.deterministic)
-        set_inductor_cache(config.compile)
+        set_inductor_cache(config.compile, self.meshes)
 
         # 2. Data for this rank's data-parallel index.
         self.tokenizer = build_tokenizer(config.model.tokenizer_path)
@@ -97,7 +97,8 @@ class Trainer:
         self.autocast = dist_utils.maybe_autocast(
             self.parallel_dims.fsdp_enabled, compute_dtype, device
         )
-        n_params = sum(p.numel() for part in self.model_parts for p in part.parameters())
+        self.train_context = dist_utils.train_context(self.parallel_dims.loss_parallel_enabled)
+        n_params = dist_utils.local_numel(p for part in self.model_parts for p in part.parameters())
         logger.info(
             f"{config.model.name} {config.model.flavor}: {self.model_args.num_params():,} "
             f"parameters ({n_params:,} on this rank); layout {self.parallel_dims}; "
@@ -109,9 +110,10 @@ class Trainer:
                          global_tokens: torch.Tensor) -> torch.Tensor:
         """One microbatch; returns its share of the step's global mean loss."""
         (model,) = self.model_parts
-        with self.autocast:
-            loss = self.loss_fn(model(inputs), labels) / global_tokens
-        loss.backward()
+        with self.train_context():
+            with self.autocast:
+                loss = self.loss_fn(model(inputs), labels) / global_tokens
+            loss.backward()
         return loss.detach()
 
     def train_step(self, microbatches: list[Batch]) -> tuple[torch.Tensor, float]:
@@ -149,7 +151,7 @@ class Trainer:
         tokens = torch.zeros((), device=self.device, dtype=torch.long)
         for inputs, labels in itertools.islice(batches, self.config.validation.steps):
             inputs, labels = inputs.to(self.device), labels.to(self.device)
-            with self.autocast:
+            with self.train_context(), self.autocast:
                 loss_sum += self.loss_fn(model(inputs), labels)
             tokens += count_labelled_tokens(labels)
         model.train()

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from torchtitan_like.config.job_config import Compile
+from torchtitan_like.distributed.parallel_dims import Meshes
 
 
 def apply_compile(blocks: nn.ModuleDict, config: Compile) -> None:
@@ -31,7 +32,25 @@ def maybe_compile_loss(loss_fn: Callable, config: Compile) -> Callable:
     return loss_fn
 
 
-def set_inductor_cache(config: Compile) -> None:
-    """Point inductor at a persistent cache folder, so repeat runs skip most compilation."""
-    if config.enable and config.cache_dir:
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(config.cache_dir))
+def set_inductor_cache(config: Compile, meshes: Meshes) -> None:
+    """Point inductor at a persistent cache folder, so repeat runs skip most compilation, and
+    keep one rank from loading code compiled for another rank's process groups.
+
+    The folder is assigned, not defaulted: importing inductor already set the variable to its
+    default folder, and inductor reads it again at each cache access.
+
+    Compiled code bakes in the names of the process groups its collectives use (e.g. the loss
+    on vocab-sharded DTensor logits under loss parallel). torch 2.13 keys the AOTAutograd cache
+    of a DTensor input by its mesh, which all ranks describe identically, not by the rank's own
+    groups (pytorch/pytorch#188390): with two TP groups, a rank of one loads the other's code
+    and fails ("Could not resolve the process group registered under the name N"). Tagging
+    the cache key with this rank's group names keeps entries apart exactly when those differ;
+    the names are assigned in creation order, so a rerun of the same layout still hits.
+    """
+    if not config.enable:
+        return
+    if config.cache_dir:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.abspath(config.cache_dir)
+    groups = ",".join(group.group_name for group in meshes.dense.get_all_groups())
+    user_tag = os.environ.get("TORCH_COMPILE_CACHE_KEY_TAG", "")
+    torch.compiler.config.cache_key_tag = f"{user_tag}|process_groups={groups}"

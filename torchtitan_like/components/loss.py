@@ -12,17 +12,23 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 IGNORE_INDEX = -100
 """Label of a position that is not trained on (no prediction is scored there)."""
 
 
 def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Summed (not averaged) token cross-entropy, computed in fp32."""
-    return F.cross_entropy(
+    """Summed (not averaged) token cross-entropy, computed in fp32.
+
+    Vocab-sharded logits (a DTensor, under loss parallel) give a loss replicated over the TP
+    ranks; its local value is returned, so the trainer only ever sees plain tensors.
+    """
+    loss = F.cross_entropy(
         logits.flatten(0, 1).float(), labels.flatten(0, 1),
         reduction="sum", ignore_index=IGNORE_INDEX,
     )
+    return loss.to_local() if isinstance(loss, DTensor) else loss
 
 
 def count_labelled_tokens(labels: torch.Tensor) -> torch.Tensor:

@@ -128,6 +128,15 @@ class Parallelism:
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
     """Free all-gathered parameters after forward: always, never, or default (yes unless PP)."""
 
+    tensor_parallel_degree: int = 1
+    """Ranks splitting each layer's matmuls (Megatron-style TP with sequence parallel); 1 = off."""
+
+    disable_loss_parallel: bool = False
+    """Under TP, compute the loss on gathered full-vocabulary logits, not vocab-sharded ones."""
+
+    enable_async_tensor_parallel: bool = False
+    """Overlap TP's all-gather/reduce-scatter with the matmuls (CUDA + compile.enable only)."""
+
 
 @dataclass
 class ActivationCheckpoint:

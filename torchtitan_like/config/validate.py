@@ -23,6 +23,8 @@ def parallel_dims_of(config: JobConfig, world_size: int):
         world_size,
         dp_replicate=p.data_parallel_replicate_degree,
         dp_shard=p.data_parallel_shard_degree,
+        tp=p.tensor_parallel_degree,
+        enable_loss_parallel=not p.disable_loss_parallel,
     )
 
 
@@ -70,6 +72,7 @@ def validate(config: JobConfig, world_size: int) -> None:
     from torchtitan_like.components.activation_checkpoint import every_nth_layer
     from torchtitan_like.components.data.sources import check_dataset_path
     from torchtitan_like.components.data.tokenizer import build_tokenizer
+    from torchtitan_like.distributed import tensor_parallel
     from torchtitan_like.models.registry import model_spec_and_args
 
     _validate_numbers(config)
@@ -78,6 +81,7 @@ def validate(config: JobConfig, world_size: int) -> None:
         every_nth_layer(ac.selective_ac_option)
     parallel_dims = parallel_dims_of(config, world_size)
     grad_accumulation_steps(config, parallel_dims.dp)
+    tensor_parallel.validate(config, parallel_dims)
     _, args = model_spec_and_args(config)
     args.validate(config, parallel_dims)
 

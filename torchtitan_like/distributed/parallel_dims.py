@@ -34,6 +34,8 @@ class ParallelDims:
     cp: int
     tp: int
     world_size: int
+    enable_loss_parallel: bool = True
+    """Under TP, compute the loss on vocab-sharded logits (see distributed/tensor_parallel.py)."""
 
     @classmethod
     def resolve(
@@ -45,6 +47,7 @@ class ParallelDims:
         cp: int = 1,
         tp: int = 1,
         pp: int = 1,
+        enable_loss_parallel: bool = True,
     ) -> ParallelDims:
         """Fill in ``dp_shard = -1`` and check that the degrees multiply to the world size."""
         named = {"pp": pp, "dp_replicate": dp_replicate, "cp": cp, "tp": tp}
@@ -68,7 +71,7 @@ class ParallelDims:
                 "(set NPROC, or a degree to -1 / other values)"
             )
         return cls(pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp,
-                   world_size=world_size)
+                   world_size=world_size, enable_loss_parallel=enable_loss_parallel)
 
     @property
     def dp(self) -> int:
@@ -79,6 +82,15 @@ class ParallelDims:
     def fsdp_enabled(self) -> bool:
         """FSDP/HSDP wraps the model whenever parameters or gradients must be shared."""
         return self.dp_replicate * self.dp_shard * self.cp > 1
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def loss_parallel_enabled(self) -> bool:
+        """Cross-entropy on vocab-sharded logits: on by default whenever TP is."""
+        return self.tp_enabled and self.enable_loss_parallel
 
     @property
     def non_data_parallel_size(self) -> int:

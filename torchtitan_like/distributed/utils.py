@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
+import torch.distributed.tensor.parallel
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -93,6 +94,28 @@ def init_weights(
     for part in model_parts:  # a pipeline stage takes the entries of the modules it kept
         own = {k: full[k] for k in get_model_state_dict(part)}
         set_model_state_dict(part, own, options=StateDictOptions(full_state_dict=True))
+
+
+def train_context(loss_parallel: bool) -> Callable[[], contextlib.AbstractContextManager]:
+    """The context every forward + backward (and validation forward) runs in, built once.
+
+    Loss parallel (vocab-sharded cross-entropy under TP) must cover the loss's forward and its
+    backward. Further job-wide contexts join here, so the trainer enters exactly one.
+    """
+
+    @contextlib.contextmanager
+    def context():
+        with contextlib.ExitStack() as stack:
+            if loss_parallel:
+                stack.enter_context(torch.distributed.tensor.parallel.loss_parallel())
+            yield
+
+    return context
+
+
+def local_numel(parameters: Iterable[nn.Parameter]) -> int:
+    """Elements this rank stores (a DTensor's ``numel()`` is that of the full tensor)."""
+    return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in parameters)
 
 
 def maybe_autocast(fsdp_enabled: bool, param_dtype: torch.dtype, device: torch.device):

@@ -68,6 +68,17 @@ class Llama3Args(BaseModelArgs):
         if self.n_heads % self.kv_heads:
             raise ConfigError(f"{flavor}: n_heads {self.n_heads} must be a multiple of "
                               f"n_kv_heads {self.kv_heads}")
+        tp = parallel_dims.tp
+        degree = f"[parallelism] tensor_parallel_degree = {tp}"
+        for name, count in (("n_heads", self.n_heads), ("n_kv_heads", self.kv_heads)):
+            if count % tp:
+                raise ConfigError(f"{flavor}: {name} = {count} is not divisible by {degree} "
+                                  "(each TP rank computes whole attention heads); choose a "
+                                  f"degree that divides {count}")
+        if self.vocab_size % tp:
+            raise ConfigError(f"{flavor}: vocab_size = {self.vocab_size} is not divisible by "
+                              f"{degree} (the embedding and the output head are split by "
+                              "vocabulary rows); choose a degree that divides it")
 
     def num_params(self) -> int:
         d, kv = self.dim, self.kv_heads * self.head_dim

@@ -2,15 +2,30 @@
 
 The order is fixed and each step lives in its own file under distributed/ or components/:
 tensor parallel -> context parallel -> activation checkpointing -> torch.compile -> FSDP2.
+Every step skips the modules a pipeline stage dropped (``None``), so each stage of a pipeline
+goes through this same plan.
 """
 
 from __future__ import annotations
+
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from torchtitan_like.components.activation_checkpoint import apply_ac
 from torchtitan_like.components.compile import apply_compile
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.distributed.fsdp import apply_fsdp, reshard_after_forward
 from torchtitan_like.distributed.parallel_dims import Meshes, ParallelDims
+from torchtitan_like.distributed.tensor_parallel import materialise_output, maybe_enable_async_tp
 from torchtitan_like.distributed.utils import DTYPES
 from torchtitan_like.models.llama3.model import Transformer
 
@@ -18,6 +33,9 @@ from torchtitan_like.models.llama3.model import Transformer
 def parallelize_llama(
     model: Transformer, parallel_dims: ParallelDims, meshes: Meshes, config: JobConfig
 ) -> Transformer:
+    if parallel_dims.tp_enabled:
+        apply_tp(model, meshes.tp, loss_parallel=parallel_dims.loss_parallel_enabled)
+        maybe_enable_async_tp(config.parallelism.enable_async_tensor_parallel, meshes.tp)
     apply_ac(model.layers, config.activation_checkpoint)
     apply_compile(model.layers, config.compile)
     if parallel_dims.fsdp_enabled:
@@ -36,3 +54,62 @@ def parallelize_llama(
             ),
         )
     return model
+
+
+def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, loss_parallel: bool) -> None:
+    """Megatron TP with sequence parallel (distributed/tensor_parallel.py) on a model part.
+
+    Between blocks the hidden states are sequence-sharded local tensors (Shard(1)); that is
+    also what a pipeline stage sends to the next one. The logits are a vocab-sharded DTensor
+    under loss parallel, else a plain tensor.
+    """
+    edges: dict[str, ParallelStyle] = {}
+    if model.tok_embeddings is not None:  # vocab rows; the reduce-scatter shards the sequence
+        edges["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(),
+                                                  output_layouts=Shard(1))
+    if model.norm is not None:
+        edges["norm"] = SequenceParallel()
+    if model.output is not None:  # vocab columns; kept sharded for loss parallel
+        edges["output"] = ColwiseParallel(
+            input_layouts=Shard(1),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        )
+    parallelize_module(model, tp_mesh, edges)
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, _block_plan())
+    if model.tok_embeddings is not None:
+        materialise_output(model.tok_embeddings)  # before it reaches a compiled block
+        if model.norm is not None and model.args.tie_word_embeddings:
+            _shard_tied_head(model, tp_mesh, loss_parallel)
+
+
+def _shard_tied_head(model: Transformer, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
+    """A tied head is ``F.linear(h, embedding table)``, and the table is already split by
+    vocabulary rows (Shard(0)), exactly as a column-wise head's weight: only the head's input
+    must become a DTensor, all-gathered along the sequence, for DTensor to compute the
+    vocab-sharded logits; without loss parallel they are then gathered."""
+    parallelize_module(model.norm, tp_mesh, PrepareModuleOutput(
+        output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=False))
+    if not loss_parallel:
+        model.register_forward_hook(lambda _module, _args, logits: logits.full_tensor())
+
+
+def _block_plan() -> dict[str, ParallelStyle]:
+    """One transformer block: SP norms, then all-gather -> column-wise -> row-wise ->
+    reduce-scatter around attention and around the feed-forward."""
+    return {
+        "attention_norm": SequenceParallel(),
+        "attention": PrepareModuleInput(input_layouts=(Shard(1), None),  # (x, rope)
+                                        desired_input_layouts=(Replicate(), None)),
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
+                                           desired_input_layouts=(Replicate(),)),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        "feed_forward.w3": ColwiseParallel(),
+    }

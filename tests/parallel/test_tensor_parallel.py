@@ -1,0 +1,74 @@
+"""Tensor parallelism (with sequence and loss parallel) reproduces the one-process run.
+
+fp32 with deterministic kernels, same seed and global batch (4 x 64 tokens), 5 steps. TP
+changes only the order of floating-point sums (the row-wise matmuls' all-reduce, the sharded
+softmax of loss parallel); measured: losses (6.7 -> 3.8; 10.9 -> 3.8 tied) within 2.9e-6,
+so 1e-5 keeps a margin while any real error (a wrong head split, a missing reduction, a
+double-counted gradient) moves the loss by > 1e-3. The gradient norm is compared too, within
+a *relative* 1e-5 (measured 2.8e-6; norms reach 18, where fp32 resolves ~2e-6 absolute): it
+checks clipping and metrics over the mixed TP and FSDP x TP DTensor placements.
+
+The tied cases train the tiny Llama with its head tied to the embedding table (as Llama 3.2
+1B/3B), registered by tests/parallel/tied_llama.py through [job] custom_import.
+
+One torchrun launch per world size; the compile case is the one slow case (cold inductor
+compile per process), so there is one, with its cache under the pytest tmp folder.
+"""
+
+import pytest
+from harness import assert_close, launch, losses
+
+TOL = 1e-5
+TP2 = ["--parallelism.tensor_parallel_degree", "2"]
+TIED = ["--job.custom_import", "tied_llama", "--model.name", "llama3_tied"]
+VALIDATE = ["--validation.enable", "true", "--validation.freq", "5", "--validation.steps", "2"]
+
+
+@pytest.fixture(scope="module")
+def runs(corpus, tmp_path_factory):
+    root = tmp_path_factory.mktemp("tp")
+    whole = ["--training.local_batch_size", "4"]
+    one = launch(1, {
+        "reference": [*whole, *VALIDATE],
+        "reference_tied": [*whole, *TIED],
+    }, root / "one", corpus)
+    two = launch(2, {  # TP=2 alone: both ranks read the whole batch
+        "tp2": [*TP2, *whole, *VALIDATE],
+        "tp2_no_loss_parallel": [*TP2, *whole, "--parallelism.disable_loss_parallel", "true"],
+        "tp2_accumulation": TP2,  # local 2 of global 4: two microbatches
+        "tp2_selective_ac": [*TP2, *whole, "--activation_checkpoint.mode", "selective"],
+        "tp2_tied": [*TP2, *whole, *TIED],
+    }, root / "two", corpus)
+    four = launch(4, {  # FSDP=2 x TP=2: local batch 2 on each of 2 data-parallel ranks
+        "fsdp2_tp2": [*TP2, *VALIDATE],
+        "fsdp2_tp2_tied_no_loss_parallel": [*TP2, *TIED, "--parallelism.disable_loss_parallel",
+                                            "true"],
+        "fsdp2_tp2_compile": [*TP2, "--compile.enable", "true",
+                              "--compile.cache_dir", str(root / "inductor")],
+    }, root / "four", corpus)
+    return {**one, **two, **four}
+
+
+CASES = ["tp2", "tp2_no_loss_parallel", "tp2_accumulation", "tp2_selective_ac", "tp2_tied",
+         "fsdp2_tp2", "fsdp2_tp2_tied_no_loss_parallel", "fsdp2_tp2_compile"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_matches_one_process(runs, case):
+    reference = runs["reference_tied" if "tied" in case else "reference"]
+    assert len(losses(runs[case])) == 5
+    assert_close(losses(runs[case]), losses(reference), TOL)
+    assert grad_norms(runs[case]) == pytest.approx(grad_norms(reference), rel=TOL)
+
+
+def grad_norms(records: list[dict]) -> list[float]:
+    return [r["grad_norm"] for r in records if "grad_norm" in r]
+
+
+@pytest.mark.parametrize("case", ["tp2", "fsdp2_tp2"])
+def test_validation_matches_one_process(runs, case):
+    """Validation runs its loss under loss parallel too."""
+    [actual] = [r["validation_loss"] for r in runs[case] if "validation_loss" in r]
+    [expected] = [r["validation_loss"] for r in runs["reference"] if "validation_loss" in r]
+    assert_close([actual], [expected], TOL)
+

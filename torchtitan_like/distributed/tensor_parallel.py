@@ -1,0 +1,142 @@
+"""Tensor parallelism (TP) with sequence parallelism (SP), loss parallelism and async TP.
+
+**Tensor parallel MLP and attention** (Shoeybi et al., "Megatron-LM", 2019). Split the MLP
+``Y = W2 f(W1 X)`` over t ranks by splitting W1 by *columns* (output features) and W2 by *rows*
+(input features): ``W1 = [W1_1 .. W1_t]``, ``W2 = [W2_1; ..; W2_t]``. Rank i computes
+``Y_i = W2_i f(W1_i X)`` from the full input X with no communication (f is element-wise, and
+SwiGLU's W3 is split like W1), and ``Y = sum_i Y_i``: **one all-reduce** per MLP in forward (and
+one, on dX, in backward). Attention splits the same way by heads: wq/wk/wv column-wise (rank i
+owns n_heads/t query heads and n_kv_heads/t key/value heads, so each query head still meets its
+own KV head), softmax(QK^T)V per head is local, wo row-wise, one all-reduce. A transformer
+block therefore costs two all-reduces in forward and two in backward, and each rank holds 1/t
+of the block's weights, gradients and optimizer states.
+
+**Sequence parallel** (Korthikanti et al., "Reducing Activation Recomputation in Large
+Transformer Models", 2022). Outside the TP regions (RMSNorms, residual adds, dropout) every
+rank would repeat the same work on the same (b, s, h) activations. An all-reduce equals a
+reduce-scatter followed by an all-gather, so: the row-wise output is *reduce-scattered* along
+the sequence (each rank keeps s/t tokens: Shard(1)), the norms and residual adds run on that
+shard, and the next TP region's input is *all-gathered* (Replicate) just before its column-wise
+matmuls. Same bytes on the wire as the all-reduce, but the activations between TP regions
+(about 10 sbh bytes per layer) are stored once over the t ranks instead of t times.
+
+**Embedding and head.** The embedding table is split by vocabulary rows: each rank looks up
+the tokens it owns (zeros elsewhere) and the reduce-scatter both sums the partial lookups and
+shards the sequence. The head is column-wise over the vocabulary: rank i gets logits
+``z_i = h W_i^T`` for V/t classes.
+
+**Loss parallel.** Cross-entropy on vocab-sharded logits without gathering them (b x s x V
+floats, the largest activation of a small model): with ``m = max_j z_j`` (an all-reduce max of
+the local maxima) and ``S = sum_j exp(z_j - m)`` (an all-reduce sum of local sums),
+``ce = m + log S - z_y``, where the target logit z_y is found on the rank owning class y and
+summed in. The gradient ``softmax(z) - onehot(y)`` stays sharded. Backward must run under the
+same context (``torch.distributed.tensor.parallel.loss_parallel``), see ``train_context`` in
+distributed/utils.py.
+
+**Async TP** (Wang et al., "Overlap Communication with Dependent Computation via Decomposition
+in Large Deep Learning Models", 2023). Inductor's micro-pipeline pass rewrites all-gather ->
+matmul and matmul -> reduce-scatter into chunked loops over symmetric memory, so that chunk k's
+transfer overlaps chunk k-1's matmul. It needs CUDA (symmetric memory) and ``torch.compile``;
+on CPU the pass silently does nothing, so the config refuses it there.
+
+TP lives on the innermost mesh dim (NVLink within a node): it communicates activations in
+every layer, forward and backward.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
+from torch.distributed.device_mesh import DeviceMesh
+
+from torchtitan_like.config.job_config import JobConfig
+from torchtitan_like.config.manager import ConfigError
+from torchtitan_like.distributed.parallel_dims import ParallelDims
+from torchtitan_like.logging import logger
+
+
+def validate(config: JobConfig, parallel_dims: ParallelDims) -> None:
+    """Layout checks that do not depend on the model (the model checks its heads/vocab)."""
+    tp, p = parallel_dims.tp, config.parallelism
+    seq_len = config.training.seq_len
+    if tp > 1 and seq_len % tp:
+        raise ConfigError(
+            f"[training] seq_len = {seq_len} must be divisible by [parallelism] "
+            f"tensor_parallel_degree = {tp}: sequence parallel gives each TP rank seq_len / "
+            f"{tp} tokens between the TP regions"
+        )
+    if p.enable_async_tensor_parallel:
+        _validate_async_tp(config, tp)
+    local_world = _devices_per_node()
+    if local_world is not None and tp > local_world:
+        logger.warning(
+            f"[parallelism] tensor_parallel_degree = {tp} is larger than the {local_world} "
+            "devices of one node: TP's per-layer collectives would cross the inter-node "
+            "network. Keep TP within a node (NVLink) and use FSDP/PP across nodes."
+        )
+
+
+def _validate_async_tp(config: JobConfig, tp: int) -> None:
+    if tp == 1:
+        raise ConfigError(
+            "[parallelism] enable_async_tensor_parallel needs tensor_parallel_degree > 1"
+        )
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            "[parallelism] enable_async_tensor_parallel needs CUDA GPUs: it overlaps TP's "
+            "collectives with matmuls through symmetric memory, which exists only on CUDA, and "
+            "on CPU inductor's micro-pipeline pass silently does nothing; set it to false"
+        )
+    if not (config.compile.enable and "model" in config.compile.components):
+        raise ConfigError(
+            "[parallelism] enable_async_tensor_parallel is an inductor pass: it needs "
+            '[compile] enable = true with "model" in [compile] components'
+        )
+
+
+def _devices_per_node() -> int | None:
+    """Processes torchrun starts on this node, else the GPUs here; None on a plain CPU run."""
+    if "LOCAL_WORLD_SIZE" in os.environ:
+        return int(os.environ["LOCAL_WORLD_SIZE"])
+    return torch.cuda.device_count() if torch.cuda.is_available() else None
+
+
+def maybe_enable_async_tp(enabled: bool, tp_mesh: DeviceMesh) -> None:
+    """Turn on inductor's micro-pipeline TP for the TP group (validated: CUDA + compile)."""
+    if not enabled:
+        return
+    import torch._inductor.config
+    from torch.distributed._symmetric_memory import (
+        enable_symm_mem_for_group,
+        is_symm_mem_enabled_for_group,
+    )
+
+    torch._inductor.config._micro_pipeline_tp = True
+    group_name = tp_mesh.get_group().group_name
+    # torch 2.13 deprecates this call as unneeded, yet the micro-pipeline pass still skips
+    # groups it was not made for (pytorch/pytorch#193027); the check keeps later torch clean.
+    if not is_symm_mem_enabled_for_group(group_name):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            enable_symm_mem_for_group(group_name)
+    logger.info(f"async TP: micro-pipelined collectives on TP group {group_name}")
+
+
+def materialise_output(module: nn.Module) -> None:
+    """Make ``module`` return a plain tensor where its TP output hook leaves an
+    ``AsyncCollectiveTensor`` (a collective not yet waited on).
+
+    In eager mode the wrapper waits on first use, but a ``torch.compile``d block that receives
+    it fails in backward (``'Tensor' object has no attribute '_local_tensor'``). Cloning
+    waits for the collective and leaves a plain, autograd-tracked tensor; it costs one copy of
+    a sequence-sharded activation per step.
+    """
+
+    def hook(_module: nn.Module, _args: object, output: torch.Tensor) -> torch.Tensor:
+        return output.clone() if isinstance(output, AsyncCollectiveTensor) else output
+
+    module.register_forward_hook(hook)
