@@ -160,6 +160,51 @@ class Compile:
 
 
 @dataclass
+class Checkpoint:
+    enable: bool = False
+    """Save checkpoints to dump_folder/folder, and resume from the latest complete one there."""
+
+    folder: str = "checkpoint"
+    """Checkpoint folder, relative to dump_folder; each save is a subfolder step-N."""
+
+    interval: int = 500
+    """Save every this many steps; the last step is always saved."""
+
+    async_mode: Literal["disabled", "async", "async_with_pinned_mem"] = "disabled"
+    """disabled: the loop waits for the write; async: snapshot to CPU, write in a thread;
+    async_with_pinned_mem: snapshot to pinned shared memory in the background, write in a
+    separate process (on CPU: shared memory, no pinning)."""
+
+    keep_latest_k: int = 10
+    """Keep this many newest resumable checkpoints, delete older ones after each save; 0 = all."""
+
+    load_step: int = -1
+    """Step to resume from; -1 = the latest complete checkpoint in the folder."""
+
+    exclude_from_loading: list[
+        Literal["model", "optimizer", "lr_scheduler", "dataloader", "train_state"]
+    ] = field(default_factory=list)
+    """States not restored on resume, e.g. dataloader to restart the data stream."""
+
+    last_save_model_only: bool = False
+    """Save only the model weights (in export_dtype) after the last step, not a resumable state."""
+
+    export_dtype: DTypeName = "float32"
+    """Dtype of the weights of a model-only last save (needs last_save_model_only)."""
+
+    create_seed_checkpoint: bool = False
+    """Initialise the model in one process, save it as step-0 and exit; runs under any layout
+    then start from these identical weights (run with NPROC=1)."""
+
+    initial_load_path: str = ""
+    """Checkpoint (a DCP step folder, or an HF folder with initial_load_in_hf) whose weights
+    start training when the checkpoint folder holds nothing to resume from."""
+
+    initial_load_in_hf: bool = False
+    """initial_load_path is a HuggingFace folder (config.json + *.safetensors)."""
+
+
+@dataclass
 class Metrics:
     log_freq: int = 10
     """Log (console, TensorBoard, metrics.jsonl) every this many steps; the first step always."""
@@ -194,6 +239,16 @@ class Debug:
     deterministic: bool = False
     """Use deterministic algorithms only (slower; needed for bitwise reproducibility)."""
 
+    fault_rank: int = -1
+    """Fault injection: the rank to kill (SIGKILL) once at fault_step; -1 = none."""
+
+    fault_step: int = 0
+    """Fault injection: the step at which fault_rank dies (once per dump folder)."""
+
+    fault_point: Literal["step", "save"] = "step"
+    """Fault injection: step = after the step, before its checkpoint; save = while writing the
+    step's checkpoint (this rank's files written, the save not yet complete)."""
+
 
 @dataclass
 class JobConfig:
@@ -205,6 +260,7 @@ class JobConfig:
     parallelism: Parallelism = field(default_factory=Parallelism)
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     compile: Compile = field(default_factory=Compile)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
     metrics: Metrics = field(default_factory=Metrics)
     validation: Validation = field(default_factory=Validation)
     debug: Debug = field(default_factory=Debug)
