@@ -25,7 +25,7 @@ an existing ``step-N`` (after resuming from an earlier ``load_step``) moves the 
   the same keys under every layout, pipeline stages included.
 - ``lr_scheduler``: the schedule's state (identical for every model part), as JSON.
 - ``dataloader``: the position in the token stream, as JSON. At a step boundary every rank's
-  position is the same (components/data/datasets.py), so it is saved once and every rank of any
+  position is the same (components/data/datasets.py), so rank 0 saves it and every rank of any
   data-parallel degree loads it: a resumed run continues the stream where it stopped, never
   repeating or skipping a token. With the same global batch and seq_len the batches equal those
   of an uninterrupted run; with others the stream continues, cut into the new shapes.
@@ -597,13 +597,15 @@ class CheckpointManager:
             dtype = self.c.export_dtype
             states = {"model": _ModelState(self.model_parts, DTYPES[dtype])}
         else:
-            dtype, states = self.config.training.dtype, self.states
+            dtype, states = self.config.training.dtype, dict(self.states)
+            if self.rank != 0:  # the stream position is every rank's: rank 0 writes it
+                states["dataloader"] = {}
         mode = "disabled" if last else self.c.async_mode  # the last save is waited for anyway
         record = SaveRecord(step, mode)
         self.records.append(record)
         partial = self.folder / f"step-{step}.partial"
         writer = self.faults.storage_writer(str(partial), step) or FileSystemWriter(str(partial))
-        info = self._info(step, list(states), dtype)
+        info = self._info(step, [n for n in STATES if n in states], dtype)
         if mode == "disabled":
             dcp.save(states, storage_writer=writer, process_group=self.pg)
             upload: Future = Future()
