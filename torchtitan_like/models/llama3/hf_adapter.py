@@ -3,8 +3,8 @@
 The two models compute the same function with the same tensors under other names. Our RoPE
 rotates halves (``x * cos + rotate_half(x) * sin``, model.py), the layout HF's Llama uses, so
 the q/k projections map one to one; a checkpoint in Meta's original layout (interleaved pairs)
-would need its q/k rows permuted, these do not. A tied head (``tie_word_embeddings``) is not
-stored by HF: ``lm_head`` is the embedding. The logits test (tests/e2e/test_hf.py) checks the
+would need its q/k rows permuted, these do not. A tied head (``tie_word_embeddings``) is the
+embedding table in both models, stored once. The logits test (tests/e2e/test_hf.py) checks the
 mapping against ``transformers`` itself.
 """
 
@@ -51,8 +51,6 @@ class Llama3HFAdapter:
         """Our FQNs -> HF names (values untouched, so DTensors stay shards)."""
         out = {}
         for key, value in state_dict.items():
-            if key == "output.weight" and self.args.tie_word_embeddings:
-                continue
             if key in _TOP:
                 out[_TOP[key]] = value
             elif (m := _OURS.fullmatch(key)) and m.group(2) in _BLOCK:
@@ -62,17 +60,18 @@ class Llama3HFAdapter:
         return out
 
     def from_hf(self, hf_state_dict: dict[str, Any]) -> dict[str, Any]:
-        """HF names -> our FQNs; a tied head is filled in from the embedding."""
+        """HF names -> our FQNs (a tied model has no head of its own: an ``lm_head`` that some
+        exports repeat is dropped)."""
         out = {}
         for key, value in hf_state_dict.items():
+            if key == "lm_head.weight" and self.args.tie_word_embeddings:
+                continue
             if key in self._from_top:
                 out[self._from_top[key]] = value
             elif (m := _THEIRS.fullmatch(key)) and m.group(2) in self._from_block:
                 out[f"layers.{m.group(1)}.{self._from_block[m.group(2)]}"] = value
             elif not _IGNORED_HF.fullmatch(key):
                 raise ValueError(f"unknown HuggingFace Llama parameter {key!r}")
-        if self.args.tie_word_embeddings and "tok_embeddings.weight" in out:
-            out["output.weight"] = out["tok_embeddings.weight"]
         return out
 
     def hf_config(self, dtype: torch.dtype) -> dict[str, Any]:
