@@ -42,6 +42,13 @@ process group, so their collectives never interleave with training's. At most on
 flight: a new save first waits for the previous one. Old checkpoints are deleted
 (``keep_latest_k``) in the background, only after a newer save is complete.
 
+**Which checkpoint loads.** ``load_step`` if set, else the newest complete checkpoint that
+holds a train state. Model-only checkpoints (``step-0`` written by ``create_seed_checkpoint`` or
+scripts/convert_hf.py, and ``last_save_model_only`` exports) cannot resume training: a seed
+gives the initial weights when nothing else is there, an export is loaded only when named by
+``load_step``; neither is ever purged. With no checkpoint at all, ``initial_load_path`` (DCP or
+HuggingFace) gives the initial weights.
+
 **Loading.** Before anything is read, every rank checks the checkpoint: checkpoint.json and
 .metadata readable, every data file present and long enough, every expected key present with
 the same global shape, the data source unchanged. Any failure stops the run with a message that
@@ -87,6 +94,7 @@ from torchtitan_like.config.manager import ConfigError
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.utils import DTYPES
 from torchtitan_like.logging import logger
+from torchtitan_like.models.registry import HFAdapter
 
 STATES = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state")
 INFO_FILE = "checkpoint.json"
@@ -202,24 +210,23 @@ class _TrainState:
 
     def __init__(self, owner: Any, rank: int, device: torch.device):
         self.owner, self.rank, self.device = owner, rank, device
-        self.rng_source = rank  # whose RNG states to load (set by the loader)
-
-    def _rng_key(self, kind: str, rank: int) -> str:
-        return f"rng_{kind}.rank{rank}"
+        # Set by the loader: whose RNG states to load, and whether the checkpoint has CUDA's
+        # (not when it was saved on CPU).
+        self.rng_source = rank
+        self.device_rng = device.type == "cuda"
 
     def state_dict(self) -> dict[str, Any]:
-        state = {**self.owner.state_dict(),
-                 self._rng_key("cpu", self.rng_source): torch.get_rng_state()}
-        if self.device.type == "cuda":
-            state[self._rng_key("cuda", self.rng_source)] = torch.cuda.get_rng_state(self.device)
+        state = {**self.owner.state_dict(), f"rng_cpu.rank{self.rng_source}": torch.get_rng_state()}
+        if self.device_rng:
+            state[f"rng_cuda.rank{self.rng_source}"] = torch.cuda.get_rng_state(self.device)
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         rng = {k: state_dict.pop(k) for k in list(state_dict) if k.startswith("rng_")}
         self.owner.load_state_dict(state_dict)
-        torch.set_rng_state(rng[self._rng_key("cpu", self.rng_source)])
-        if self.device.type == "cuda":
-            torch.cuda.set_rng_state(rng[self._rng_key("cuda", self.rng_source)], self.device)
+        torch.set_rng_state(rng[f"rng_cpu.rank{self.rng_source}"])
+        if self.device_rng:
+            torch.cuda.set_rng_state(rng[f"rng_cuda.rank{self.rng_source}"], self.device)
 
 
 # --- the folder: discovery, publication, clean-up ---
@@ -295,8 +302,13 @@ def purge(folder: Path, keep: int) -> None:
     and exports, are kept). Called after a save completed, so what goes is superseded."""
     if keep <= 0:
         return
-    resumable = [p for p in step_folders(folder).values()
-                 if "train_state" in read_info(p)["states"]]
+    resumable = []
+    for path in step_folders(folder).values():
+        try:
+            if "train_state" in read_info(path)["states"]:
+                resumable.append(path)
+        except CheckpointError as e:  # not ours to judge: left in place
+            logger.warning(f"checkpoint: not purging {path.name}: {e}")
     for path in resumable[:-keep]:
         logger.info(f"checkpoint: deleting {path.name} (keep_latest_k = {keep})")
         shutil.rmtree(path, ignore_errors=True)
@@ -384,7 +396,7 @@ class CheckpointManager:
         train_state: Any,
         device: torch.device,
         faults: FaultInjector,
-        hf_adapter: Any | None = None,
+        hf_adapter: HFAdapter | None = None,
     ):
         self.config = config
         self.c = config.checkpoint
@@ -461,10 +473,9 @@ class CheckpointManager:
                 logger.warning(f"checkpoint: resuming from step {self.c.load_step}; the later "
                                f"checkpoints {later} will be replaced as this run saves")
             return found[self.c.load_step]
-        infos = {step: read_info(path) for step, path in found.items()}
-        resumable = [s for s, info in infos.items() if "train_state" in info["states"]]
-        if resumable:
-            return found[resumable[-1]]
+        for step in reversed(found):  # the newest that can resume (older ones are not read)
+            if "train_state" in read_info(found[step])["states"]:
+                return found[step]
         if 0 in found:  # a seed checkpoint: the initial weights
             return found[0]
         if found:
@@ -486,6 +497,8 @@ class CheckpointManager:
             if "dataloader" in names:
                 self._check_data(info, where)
             metadata = check_files(path)
+            cuda_rng = f"train_state.rng_cuda.rank{self.train_state.rng_source}"
+            self.train_state.device_rng &= cuda_rng in metadata.state_dict_metadata
             template = {n: self.states[n].state_dict() for n in names}
             check_keys(template, metadata, where + self._model_hint(info))
         except CheckpointError as e:
