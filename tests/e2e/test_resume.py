@@ -5,8 +5,8 @@ saves, and under HSDP (replicate 2), next to uninterrupted references. Each case
 checkpoint is then deleted and launch 2 restarts the same jobs: they find step-5 by themselves
 and resume. Same layout -> bitwise equal losses (fp32, deterministic): the model, optimizer,
 scheduler, data position and RNG come back exactly. The FSDP=2 step-5 checkpoint is also
-resumed with activation checkpointing switched on (names must not change: bitwise too) and by
-one process (resharding: same losses up to the order of floating-point sums, see
+resumed with activation checkpointing switched on (names must not change: bitwise too), under
+HSDP and by one process (resharding: same losses up to the order of floating-point sums, see
 tests/parallel/test_fsdp.py for the 1e-5 tolerance).
 """
 
@@ -25,8 +25,9 @@ SAVING = {
     "pinned": [*CKPT, "--checkpoint.async_mode", "async_with_pinned_mem"],
     "hsdp": [*CKPT, *HSDP],
 }
-RESHARDED = {
-    "ac": [*CKPT, "--activation_checkpoint.mode", "full"],
+RESHARDED = {  # the FSDP=2 checkpoint of step 5, resumed by other 2-process jobs
+    "ac": [*CKPT, "--activation_checkpoint.mode", "full"],  # bitwise
+    "hsdp_from_fsdp": [*CKPT, *HSDP],  # within TOL
 }
 ONE_PROCESS = {
     "one": CKPT,  # local 2 of global 4: two microbatches
@@ -43,14 +44,14 @@ def runs(corpus, tmp_path_factory):
     for case in SAVING:
         shutil.rmtree(two / case / "checkpoint" / "step-10")
     step5 = two / "sync" / "checkpoint" / "step-5"
-    for folder in [two / "ac", *(one / case for case in ONE_PROCESS)]:
+    for folder in [*(two / case for case in RESHARDED), *(one / case for case in ONE_PROCESS)]:
         shutil.copytree(step5, folder / "checkpoint" / "step-5")
     second = launch(2, {**SAVING, **RESHARDED}, two, corpus)
     third = launch(1, ONE_PROCESS, one, corpus)
     return first, {**second, **third}
 
 
-@pytest.mark.parametrize("case", [*SAVING, *RESHARDED])
+@pytest.mark.parametrize("case", [*SAVING, "ac"])
 def test_resume_is_bitwise_exact(runs, case):
     first, resumed = runs
     reference = first["hsdp_reference" if case == "hsdp" else "reference"]
@@ -63,8 +64,8 @@ def test_resume_is_bitwise_exact(runs, case):
         assert losses(resumed[case]) == losses(reference)[5:]
 
 
-@pytest.mark.parametrize("case", ONE_PROCESS)
-def test_fsdp_checkpoint_resumes_in_one_process(runs, case):
+@pytest.mark.parametrize("case", [*ONE_PROCESS, "hsdp_from_fsdp"])
+def test_fsdp_checkpoint_resumes_under_other_layouts(runs, case):
     first, resumed = runs
     assert [r["step"] for r in resumed[case] if "loss" in r] == list(range(6, 11))
     assert_close(losses(resumed[case]), losses(first["reference"])[5:], TOL)

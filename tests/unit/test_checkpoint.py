@@ -151,3 +151,21 @@ def test_initial_load_path(base, corpus, one_process_group, tmp_path):
     assert trainer.step == 0
     for key, value in trainer.model_parts[0].state_dict().items():
         assert torch.equal(value, base[1][key]), key
+
+
+def test_wrappers_leave_the_checkpoint_names_alone():
+    """Activation checkpointing and per-block compile wrap blocks in place: the names a
+    checkpoint holds stay those of the plain model (compiling happens lazily, not here)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from torchtitan_like.components.activation_checkpoint import apply_ac
+    from torchtitan_like.components.compile import apply_compile
+    from torchtitan_like.config.job_config import ActivationCheckpoint, Compile
+    from torchtitan_like.models.llama3 import Transformer, llama3_flavors
+
+    with torch.device("meta"):
+        plain, wrapped = Transformer(llama3_flavors["tiny"]), Transformer(llama3_flavors["tiny"])
+    apply_ac(wrapped.layers, ActivationCheckpoint(mode="full"))
+    apply_compile(wrapped.layers, Compile(enable=True))
+    assert any("_checkpoint_wrapped_module" in n for n, _ in wrapped.named_parameters())
+    assert list(get_model_state_dict(wrapped)) == list(get_model_state_dict(plain))
