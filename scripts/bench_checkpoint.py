@@ -83,13 +83,16 @@ def report(results: dict, args: argparse.Namespace) -> None:
     size = results["disabled"]["checkpoint_mb"]
     print(f"\ncheckpoint of {size:.0f} MB, {args.nproc} process(es), {args.steps} steps, a save "
           f"every {args.interval} (the last, synchronous, not counted)")
-    print(f"{'async_mode':<24}{'saves':>6}{'blocked/save s':>16}{'complete/save s':>17}"
-          f"{'loop s':>9}")
+    print("per save, in seconds: median (max)")
+    print(f"{'async_mode':<24}{'saves':>6}{'blocked':>16}{'complete':>16}{'loop s':>9}")
+
+    def median_max(values: list[float]) -> str:
+        return f"{statistics.median(values):.3f} ({max(values):.3f})" if values else "-"
+
     for mode, r in results.items():
-        blocked = f"{statistics.mean(r['blocked_s']):.3f}" if r["blocked_s"] else "-"
-        complete = f"{statistics.mean(r['complete_s']):.3f}" if r["complete_s"] else "-"
         label = "no checkpoints" if mode == "none" else mode
-        print(f"{label:<24}{r['saves']:>6}{blocked:>16}{complete:>17}{r['loop_s']:>9.2f}")
+        print(f"{label:<24}{r['saves']:>6}{median_max(r['blocked_s']):>16}"
+              f"{median_max(r['complete_s']):>16}{r['loop_s']:>9.2f}")
 
 
 def main() -> None:

@@ -545,7 +545,8 @@ class CheckpointManager:
         if flag.item():
             raise CheckpointError("another rank found the checkpoint unusable (see its error)")
 
-    def _dcp_load(self, state: dict[str, Any], checkpoint_id: str, where: str, **kwargs) -> None:
+    def _dcp_load(self, state: dict[str, Any], checkpoint_id: str | None, where: str,
+                  **kwargs: Any) -> None:
         try:
             dcp.load(state, checkpoint_id=checkpoint_id, process_group=self.pg, **kwargs)
         except Exception as e:
