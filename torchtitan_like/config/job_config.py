@@ -171,9 +171,7 @@ class Checkpoint:
     """Save every this many steps; the last step is always saved."""
 
     async_mode: Literal["disabled", "async", "async_with_pinned_mem"] = "disabled"
-    """disabled: the loop waits for the write; async: snapshot to CPU, write in a thread;
-    async_with_pinned_mem: snapshot to pinned shared memory in the background, write in a
-    separate process (on CPU: shared memory, no pinning)."""
+    """Write in the loop (disabled), from a thread (async) or a process (async_with_pinned_mem)."""
 
     keep_latest_k: int = 10
     """Keep this many newest resumable checkpoints, delete older ones after each save; 0 = all."""
@@ -193,12 +191,10 @@ class Checkpoint:
     """Dtype of the weights of a model-only last save (needs last_save_model_only)."""
 
     create_seed_checkpoint: bool = False
-    """Initialise the model in one process, save it as step-0 and exit; runs under any layout
-    then start from these identical weights (run with NPROC=1)."""
+    """Save the initial weights as step-0 and exit (NPROC=1): every layout then starts alike."""
 
     initial_load_path: str = ""
-    """Checkpoint (a DCP step folder, or an HF folder with initial_load_in_hf) whose weights
-    start training when the checkpoint folder holds nothing to resume from."""
+    """Weights to start from when there is nothing to resume: a DCP step folder or HF folder."""
 
     initial_load_in_hf: bool = False
     """initial_load_path is a HuggingFace folder (config.json + *.safetensors)."""
@@ -246,8 +242,7 @@ class Debug:
     """Fault injection: the step at which fault_rank dies (once per dump folder)."""
 
     fault_point: Literal["step", "save"] = "step"
-    """Fault injection: step = after the step, before its checkpoint; save = while writing the
-    step's checkpoint (this rank's files written, the save not yet complete)."""
+    """Fault injection: die after the step (step) or in the middle of its checkpoint (save)."""
 
 
 @dataclass
