@@ -14,3 +14,25 @@ def corpus(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
     write_corpus(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def one_process_group():
+    """A gloo process group of one process inside the test process (for in-process Trainers);
+    the environment and global torch settings are restored afterwards."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from torchtitan_like.distributed.utils import init_distributed
+
+    saved = dict(os.environ)
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(key, None)
+    device = init_distributed()
+    yield device
+    dist.destroy_process_group()
+    torch.use_deterministic_algorithms(False)
+    os.environ.clear()
+    os.environ.update(saved)

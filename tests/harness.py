@@ -49,23 +49,39 @@ def write_corpus(path: Path, documents: int = 300, seed: int = 0) -> None:
 
 
 def env() -> dict[str, str]:
+    # gloo process groups of a restarted job cannot reuse torchrun's shared rendezvous store.
     return {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1",
-            "OMP_NUM_THREADS": "1"}
+            "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def job_args(overrides: list[str], dump_folder: Path, corpus: Path) -> list[str]:
+    """The trainer's command line for one case: BASE, the corpus, the overrides."""
+    data = ["--training.dataset", "local", "--training.dataset_path", str(corpus)]
+    return [*BASE, *data, *overrides, "--job.dump_folder", str(dump_folder)]
+
+
+def build_trainer(overrides: list[str], dump_folder: Path, corpus: Path, device):
+    """A Trainer of one case inside the test process (needs a process group of one)."""
+    from torchtitan_like.config.manager import parse_args
+    from torchtitan_like.train import Trainer
+
+    return Trainer(parse_args(job_args(overrides, dump_folder, corpus), 1), device)
 
 
 def launch(nproc: int, cases: dict[str, list[str]], workdir: Path, corpus: Path,
-           timeout: int = 600) -> dict[str, list[dict]]:
+           timeout: int = 600, max_restarts: int = 0) -> dict[str, list[dict]]:
     """Train every case (CLI overrides on top of BASE) in one torchrun of ``nproc`` processes.
 
     Returns each case's metrics.jsonl records. Raises with the launch's output on failure.
+    With ``max_restarts``, torchrun restarts the whole worker after a failure (cases that
+    finished are retrained, or resumed from their last checkpoint when they save one).
     """
     workdir.mkdir(parents=True, exist_ok=True)
-    data = ["--training.dataset", "local", "--training.dataset_path", str(corpus)]
-    spec = {name: [*BASE, *data, *overrides, "--job.dump_folder", str(workdir / name)]
-            for name, overrides in cases.items()}
+    spec = {name: job_args(overrides, workdir / name, corpus) for name, overrides in cases.items()}
     (workdir / "cases.json").write_text(json.dumps(spec))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", str(WORKER), str(workdir / "cases.json")]
+           f"--nproc_per_node={nproc}", f"--max-restarts={max_restarts}", str(WORKER),
+           str(workdir / "cases.json")]
     proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True,
                           timeout=timeout)
     if proc.returncode != 0:

@@ -2,7 +2,8 @@
 
 Run it through ``./run_train.sh`` (torchrun), or ``python -m torchtitan_like.train`` for one
 process. Build order (DESIGN.md, "Data flow"): mesh -> data -> model on meta -> converters ->
-pipeline split -> parallelize plan -> materialise -> optimizer/scheduler -> metrics -> loop.
+pipeline split -> parallelize plan -> materialise -> optimizer/scheduler -> checkpoint
+load -> metrics -> loop.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from torchtitan_like.components.checkpoint import CheckpointError, CheckpointManager
 from torchtitan_like.components.compile import maybe_compile_loss, set_inductor_cache
 from torchtitan_like.components.data.dataloader import build_dataloader
 from torchtitan_like.components.data.tokenizer import build_tokenizer
+from torchtitan_like.components.fault_injection import FaultInjector
 from torchtitan_like.components.loss import count_labelled_tokens, cross_entropy_sum
 from torchtitan_like.components.lr_scheduler import LRSchedulersContainer
 from torchtitan_like.components.metrics import MetricsLogger, peak_tflops
@@ -80,8 +83,19 @@ class Trainer:
             self.optimizers, config.lr_scheduler, training.steps
         )
         self.step = 0
+        self.tokens_seen = 0
 
-        # 9. Metrics.
+        # 9. Resume from the latest complete checkpoint, if there is one.
+        self.faults = FaultInjector(config, dist.get_rank())
+        self.checkpointer = CheckpointManager(
+            config, parallel_dims=self.parallel_dims, model_parts=self.model_parts,
+            optimizers=self.optimizers, lr_schedulers=self.lr_schedulers,
+            dataloader=self.dataloader, train_state=self, device=device, faults=self.faults,
+            hf_adapter=spec.hf_adapter(self.model_args) if spec.hf_adapter else None,
+        )
+        self.checkpointer.load()
+
+        # 10. Metrics (a resumed run continues its metrics.jsonl).
         compute_dtype = dist_utils.DTYPES[training.mixed_precision_param]
         self.metrics = MetricsLogger(
             dump_folder=config.job.dump_folder,
@@ -93,6 +107,7 @@ class Trainer:
             peak=peak_tflops(device, config.metrics.peak_tflops, compute_dtype),
             replica_devices=self.parallel_dims.non_data_parallel_size,
             world_size=self.parallel_dims.world_size,
+            resume_step=self.step,
         )
         self.autocast = dist_utils.maybe_autocast(
             self.parallel_dims.fsdp_enabled, compute_dtype, device
@@ -105,6 +120,13 @@ class Trainer:
             f"{self.grad_accumulation_steps} microbatch(es) of {training.local_batch_size} x "
             f"{training.seq_len} tokens per step"
         )
+
+    def state_dict(self) -> dict[str, int]:
+        """The trainer's own part of a checkpoint (components/checkpoint.py adds RNG states)."""
+        return {"step": self.step, "tokens_seen": self.tokens_seen}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.step, self.tokens_seen = state["step"], state["tokens_seen"]
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor,
                          global_tokens: torch.Tensor) -> torch.Tensor:
@@ -159,6 +181,9 @@ class Trainer:
         return (loss_sum / dist_utils.all_reduce_sum(tokens, self.meshes.dp)).item()
 
     def train(self) -> None:
+        if self.checkpointer.create_seed():  # [checkpoint] create_seed_checkpoint: no training
+            self.metrics.close()
+            return
         training, validation = self.config.training, self.config.validation
         data = iter(self.dataloader)
         tokens_per_step = (self.grad_accumulation_steps * training.local_batch_size
@@ -169,6 +194,7 @@ class Trainer:
             start = time.perf_counter()
             microbatches = [next(data) for _ in range(self.grad_accumulation_steps)]
             self.metrics.add_step(tokens_per_step, time.perf_counter() - start)
+            self.tokens_seen += tokens_per_step * self.parallel_dims.dp
             lr = self.lr_schedulers.last_lr
             loss, grad_norm = self.train_step(microbatches)
 
@@ -176,8 +202,11 @@ class Trainer:
             if self.step == 1 or self.step % self.config.metrics.log_freq == 0 or last:
                 global_loss = dist_utils.all_reduce_sum(loss, self.meshes.dp_cp).item()
                 self.metrics.log(self.step, {"loss": global_loss, "grad_norm": grad_norm, "lr": lr})
+            self.faults.after_step(self.step)
+            self.checkpointer.save(self.step, last)
             if validation.enable and (self.step % validation.freq == 0 or last):
                 self.metrics.log_validation(self.step, self.validate())
+        self.checkpointer.close()
         self.metrics.close()
         folder, metrics = self.config.job.dump_folder, self.config.metrics
         tensorboard = f"{folder}/{metrics.save_tb_folder}"
@@ -201,6 +230,9 @@ def main(argv: list[str] | None = None) -> None:
     except TrainingDiverged as e:
         logger.error(f"training diverged: {e}")
         raise SystemExit(3) from None
+    except CheckpointError as e:
+        logger.error(f"checkpoint error: {e}")
+        raise SystemExit(4) from None
     finally:
         dist.destroy_process_group()
 

@@ -38,3 +38,21 @@ def test_non_writer_ranks_write_nothing(tmp_path):
 def test_peak_is_configured_or_measured_on_cpu():
     assert peak_tflops(torch.device("cpu"), 3.5, torch.float32) == 3.5
     assert peak_tflops(torch.device("cpu"), 0.0, torch.float32) > 0
+
+
+def test_a_resumed_run_continues_the_file_from_its_step(tmp_path):
+    def metrics(resume_step):
+        return MetricsLogger(dump_folder=str(tmp_path), writer=True, enable_tensorboard=False,
+                             tb_folder="tb", device=torch.device("cpu"), flops_per_token=1,
+                             peak=None, replica_devices=1, world_size=1, resume_step=resume_step)
+
+    first = metrics(0)
+    for step in range(1, 5):  # steps 3 and 4 are lost: the job resumes after step 2
+        first.log(step, {"loss": float(step), "grad_norm": 0.0, "lr": 0.1})
+    first.close()
+    resumed = metrics(2)
+    resumed.log(3, {"loss": 30.0, "grad_norm": 0.0, "lr": 0.1})
+    resumed.close()
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r.get("loss"), r.get("resumed")) for r in lines] == [
+        (1, 1.0, None), (2, 2.0, None), (2, None, True), (3, 30.0, None)]

@@ -86,7 +86,7 @@ class MetricsLogger:
         peak: float | None,
         replica_devices: int,
         world_size: int,
-        append: bool = False,
+        resume_step: int = 0,
     ):
         self.device = device
         self.flops_per_token = flops_per_token
@@ -97,14 +97,32 @@ class MetricsLogger:
         self.tensorboard = None
         if writer:
             Path(dump_folder).mkdir(parents=True, exist_ok=True)
-            # A resumed run continues the file; a fresh run starts it anew.
-            mode = "a" if append else "w"
-            self.jsonl = open(Path(dump_folder) / "metrics.jsonl", mode)  # noqa: SIM115
+            path = Path(dump_folder) / "metrics.jsonl"
+            if resume_step > 0:
+                self._truncate(path, resume_step)
+            self.jsonl = open(path, "a" if resume_step > 0 else "w")  # noqa: SIM115
             if enable_tensorboard:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tensorboard = SummaryWriter(Path(dump_folder) / tb_folder)
+                # purge_step drops the events of the steps after resume_step the same way.
+                purge = resume_step + 1 if resume_step > 0 else None
+                self.tensorboard = SummaryWriter(Path(dump_folder) / tb_folder, purge_step=purge)
+            if resume_step > 0:
+                self.jsonl.write(json.dumps({"step": resume_step, "resumed": True}) + "\n")
         self.reset()
+
+    @staticmethod
+    def _truncate(path: Path, resume_step: int) -> None:
+        """A run resuming after ``resume_step`` continues the file from there: records of later
+        steps (logged before a failure, and recomputed now) are dropped, so that every step
+        appears once, and a ``{"step": resume_step, "resumed": true}`` record marks the restart."""
+        if not path.exists():
+            return
+        kept = [line for line in path.read_text().splitlines()
+                if line.strip() and json.loads(line)["step"] <= resume_step]
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(path)
 
     def reset(self) -> None:
         self.window_start = time.perf_counter()

@@ -160,6 +160,47 @@ class Compile:
 
 
 @dataclass
+class Checkpoint:
+    enable: bool = False
+    """Save checkpoints to dump_folder/folder, and resume from the latest complete one there."""
+
+    folder: str = "checkpoint"
+    """Checkpoint folder, relative to dump_folder; each save is a subfolder step-N."""
+
+    interval: int = 500
+    """Save every this many steps; the last step is always saved."""
+
+    async_mode: Literal["disabled", "async", "async_with_pinned_mem"] = "disabled"
+    """Write in the loop (disabled), from a thread (async) or a process (async_with_pinned_mem)."""
+
+    keep_latest_k: int = 10
+    """Keep this many newest resumable checkpoints, delete older ones after each save; 0 = all."""
+
+    load_step: int = -1
+    """Step to resume from; -1 = the latest complete checkpoint in the folder."""
+
+    exclude_from_loading: list[
+        Literal["model", "optimizer", "lr_scheduler", "dataloader", "train_state"]
+    ] = field(default_factory=list)
+    """States not restored on resume, e.g. dataloader to restart the data stream."""
+
+    last_save_model_only: bool = False
+    """Save only the model weights (in export_dtype) after the last step, not a resumable state."""
+
+    export_dtype: DTypeName = "float32"
+    """Dtype of the weights of a model-only last save (needs last_save_model_only)."""
+
+    create_seed_checkpoint: bool = False
+    """Save the initial weights as step-0 and exit (NPROC=1): every layout then starts alike."""
+
+    initial_load_path: str = ""
+    """Weights to start from when there is nothing to resume: a DCP step folder or HF folder."""
+
+    initial_load_in_hf: bool = False
+    """initial_load_path is a HuggingFace folder (config.json + *.safetensors)."""
+
+
+@dataclass
 class Metrics:
     log_freq: int = 10
     """Log (console, TensorBoard, metrics.jsonl) every this many steps; the first step always."""
@@ -194,6 +235,15 @@ class Debug:
     deterministic: bool = False
     """Use deterministic algorithms only (slower; needed for bitwise reproducibility)."""
 
+    fault_rank: int = -1
+    """Fault injection: the rank to kill (SIGKILL) once at fault_step; -1 = none."""
+
+    fault_step: int = 0
+    """Fault injection: the step at which fault_rank dies (once per dump folder)."""
+
+    fault_point: Literal["step", "save"] = "step"
+    """Fault injection: die after the step (step) or in the middle of its checkpoint (save)."""
+
 
 @dataclass
 class JobConfig:
@@ -205,6 +255,7 @@ class JobConfig:
     parallelism: Parallelism = field(default_factory=Parallelism)
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     compile: Compile = field(default_factory=Compile)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
     metrics: Metrics = field(default_factory=Metrics)
     validation: Validation = field(default_factory=Validation)
     debug: Debug = field(default_factory=Debug)

@@ -70,8 +70,10 @@ def _validate_numbers(config: JobConfig) -> None:
 
 def validate(config: JobConfig, world_size: int) -> None:
     from torchtitan_like.components.activation_checkpoint import every_nth_layer
+    from torchtitan_like.components.checkpoint import validate_checkpoint
     from torchtitan_like.components.data.sources import check_dataset_path
     from torchtitan_like.components.data.tokenizer import build_tokenizer
+    from torchtitan_like.components.fault_injection import validate_faults
     from torchtitan_like.distributed import tensor_parallel
     from torchtitan_like.models.registry import model_spec_and_args
 
@@ -94,3 +96,5 @@ def validate(config: JobConfig, world_size: int) -> None:
     )
     if config.training.dataset == "local":
         check_dataset_path(config.training.dataset_path)
+    validate_checkpoint(config, world_size)
+    validate_faults(config, world_size)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+import torch
 from torch import nn
 
 from torchtitan_like.config.manager import ConfigError, did_you_mean
@@ -41,6 +42,22 @@ class BaseModelArgs(abc.ABC):
         """Raise ConfigError if this model cannot run the job's layout; default: anything goes."""
 
 
+class HFAdapter(Protocol):
+    """Maps one model shape to and from HuggingFace (models/llama3/hf_adapter.py is one)."""
+
+    def to_hf(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """Our parameter FQNs -> HF names; the values are passed through."""
+
+    def from_hf(self, hf_state_dict: dict[str, Any]) -> dict[str, Any]:
+        """HF names -> our FQNs."""
+
+    def hf_config(self, dtype: torch.dtype) -> dict[str, Any]:
+        """The config.json describing this shape, weights stored in ``dtype``."""
+
+    def check_config(self, hf_config: dict[str, Any]) -> None:
+        """Raise ValueError naming what differs if ``hf_config`` is not this shape."""
+
+
 ParallelizeFn = Callable[["nn.Module", "ParallelDims", "Meshes", "JobConfig"], "nn.Module"]
 
 
@@ -61,8 +78,8 @@ class ModelSpec:
     pipelining_fn: Callable[..., Any] | None = None
     """Splits the model into pipeline stages; None = this model cannot be pipelined."""
 
-    hf_adapter: Any | None = None
-    """Converts to and from HuggingFace safetensors; None = no interop."""
+    hf_adapter: Callable[[Any], HFAdapter] | None = None
+    """Builds the HuggingFace converter for a flavor's args; None = no HF interop."""
 
 
 _REGISTRY: dict[str, ModelSpec] = {}

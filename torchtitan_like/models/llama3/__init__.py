@@ -1,4 +1,5 @@
 from torchtitan_like.models.llama3.args import Llama3Args, llama3_flavors
+from torchtitan_like.models.llama3.hf_adapter import Llama3HFAdapter
 from torchtitan_like.models.llama3.model import Transformer
 from torchtitan_like.models.llama3.parallelize import parallelize_llama
 from torchtitan_like.models.registry import ModelSpec, register_model
@@ -9,7 +10,8 @@ register_model(
         model_cls=Transformer,
         flavors=llama3_flavors,
         parallelize_fn=parallelize_llama,
+        hf_adapter=Llama3HFAdapter,
     )
 )
 
-__all__ = ["Llama3Args", "Transformer", "llama3_flavors", "parallelize_llama"]
+__all__ = ["Llama3Args", "Llama3HFAdapter", "Transformer", "llama3_flavors", "parallelize_llama"]

@@ -1,0 +1,171 @@
+"""Checkpoint discovery, atomicity and every load error, in one process (a gloo group of one).
+
+A base run saves step-2 and step-4; each test copies its checkpoint folder, damages or changes
+something, and builds a Trainer (which loads in its constructor).
+"""
+
+import json
+import shutil
+
+import pytest
+import torch
+from harness import build_trainer, read_metrics
+from torch.distributed.checkpoint import FileSystemReader
+
+from torchtitan_like.components.checkpoint import CheckpointError, purge, step_folders
+
+CKPT = ["--checkpoint.enable", "true", "--checkpoint.interval", "2", "--training.steps", "4"]
+
+
+@pytest.fixture(scope="module")
+def base(one_process_group, corpus, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("base")
+    trainer = build_trainer(CKPT, folder, corpus, one_process_group)
+    trainer.train()
+    return folder, {k: v.clone() for k, v in trainer.model_parts[0].state_dict().items()}
+
+
+@pytest.fixture
+def job(base, corpus, one_process_group, tmp_path):
+    """A copy of the base run's dump folder, and a function building a Trainer on it."""
+    shutil.copytree(base[0] / "checkpoint", tmp_path / "checkpoint")
+
+    def build(*overrides: str, folder=tmp_path):
+        return build_trainer([*CKPT, *overrides], folder, corpus, one_process_group)
+
+    return tmp_path / "checkpoint", build
+
+
+def test_resumes_from_the_latest_or_the_chosen_step(job, base):
+    folder, build = job
+    assert sorted(step_folders(folder)) == [2, 4]
+    info = json.loads((folder / "step-4" / "checkpoint.json").read_text())
+    assert info["states"] == ["model", "optimizer", "lr_scheduler", "dataloader", "train_state"]
+    trainer = build()
+    assert (trainer.step, trainer.tokens_seen) == (4, 4 * 4 * 64)
+    for key, value in trainer.model_parts[0].state_dict().items():
+        assert torch.equal(value, base[1][key]), key
+    assert build("--checkpoint.load_step", "2").step == 2
+    with pytest.raises(CheckpointError, match=r"load_step = 3: no complete checkpoint step-3 .*"
+                                              r"\(complete: 2, 4\)"):
+        build("--checkpoint.load_step", "3")
+
+
+def test_unfinished_saves_are_ignored_and_removed(job):
+    folder, build = job
+    (folder / "step-6.partial").mkdir()
+    (folder / "step-6.partial" / "__0_0.distcp").write_bytes(b"half a save")
+    (folder / "step-4").rename(folder / "step-4.old")  # killed while replacing step-4
+    assert build().step == 4
+    assert sorted(p.name for p in folder.iterdir()) == ["step-2", "step-4"]
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda p: (p / ".metadata").write_bytes(b"garbage"),
+     r"corrupt: its \.metadata cannot be read"),
+    (lambda p: (p / "__0_0.distcp").unlink(), r"corrupt: data file __0_0\.distcp is missing"),
+    (lambda p: open(p / "__0_0.distcp", "r+b").truncate(1000),  # noqa: SIM115
+     r"corrupt: data file __0_0\.distcp is truncated \(1000 bytes"),
+    (lambda p: (p / "checkpoint.json").unlink(), r"checkpoint\.json is missing or unreadable"),
+])
+def test_a_corrupt_checkpoint_stops_the_run(job, damage, message):
+    folder, build = job
+    damage(folder / "step-4")
+    with pytest.raises(CheckpointError, match=message):
+        build()
+    assert sorted(step_folders(folder)) == [2, 4]  # nothing deleted
+
+
+def test_another_model_is_refused_with_the_difference(job):
+    _, build = job
+    with pytest.raises(CheckpointError, match=r"saved by \[model\] llama3/tiny, this job runs "
+                       r"llama3/debugmodel\) does not fit this job: \d+ missing, e\.g\. "
+                       r"model\.layers\.4\..*of another shape, e\.g\. model\.tok_embeddings"):
+        build("--model.flavor", "debugmodel")
+
+
+def test_other_data_needs_the_dataloader_excluded(job, corpus, tmp_path):
+    _, build = job
+    other = tmp_path / "other.jsonl"
+    shutil.copy(corpus, other)
+    with pytest.raises(CheckpointError, match=r"refers to other data \(dataset_path: .*"
+                                              r"exclude_from_loading=dataloader"):
+        build("--training.dataset_path", str(other))
+    trainer = build("--training.dataset_path", str(other),
+                    "--checkpoint.exclude_from_loading", "dataloader")
+    assert trainer.step == 4
+    assert trainer.dataloader.state_dict()["dataset_state"]["position"]["doc"] == 0
+
+
+def test_a_new_batch_shape_continues_the_stream(job):
+    _, build = job
+    trainer = build("--training.global_batch_size", "8", "--training.seq_len", "32")
+    saved = json.loads(trainer.checkpointer.loaded_from.joinpath("checkpoint.json").read_text())
+    assert (saved["global_batch_size"], saved["seq_len"]) == (4, 64)
+    assert trainer.dataloader.state_dict()["dataset_state"]["position"]["offset"] > 0
+
+
+def test_seed_checkpoint_then_purge_keeps_the_newest(one_process_group, corpus, tmp_path, base):
+    seed = build_trainer([*CKPT, "--checkpoint.create_seed_checkpoint", "true"], tmp_path, corpus,
+                         one_process_group)
+    seed.train()
+    folder = tmp_path / "checkpoint"
+    assert json.loads((folder / "step-0" / "checkpoint.json").read_text())["states"] == ["model"]
+    with pytest.raises(CheckpointError, match="writes step-0 into an empty folder"):
+        build_trainer([*CKPT, "--checkpoint.create_seed_checkpoint", "true"], tmp_path, corpus,
+                      one_process_group)
+    trainer = build_trainer([*CKPT, "--checkpoint.interval", "1", "--checkpoint.keep_latest_k",
+                             "2"], tmp_path, corpus, one_process_group)
+    assert trainer.step == 0 and trainer.checkpointer.loaded_from == folder / "step-0"
+    trainer.train()
+    assert sorted(step_folders(folder)) == [0, 3, 4]  # the seed is no resumable checkpoint
+    purge(folder, 1)
+    assert sorted(step_folders(folder)) == [0, 4]
+    losses = [r["loss"] for r in read_metrics(tmp_path) if "loss" in r]
+    assert losses == [r["loss"] for r in read_metrics(base[0]) if "loss" in r]
+
+
+def test_model_only_last_save(job):
+    folder, build = job
+    shutil.rmtree(folder / "step-4")
+    trainer = build("--checkpoint.last_save_model_only", "true",
+                    "--checkpoint.export_dtype", "bfloat16")
+    assert trainer.step == 2
+    trainer.train()
+    info = json.loads((folder / "step-4" / "checkpoint.json").read_text())
+    assert (info["states"], info["dtype"]) == (["model"], "bfloat16")
+    metadata = FileSystemReader(str(folder / "step-4")).read_metadata()
+    dtypes = {md.properties.dtype for md in metadata.state_dict_metadata.values()}
+    assert dtypes == {torch.bfloat16}
+    assert build().step == 2  # the export is not resumable; step-2 is
+    shutil.rmtree(folder / "step-2")
+    with pytest.raises(CheckpointError, match=r"only model-only checkpoints \(4\).*load_step"):
+        build()
+    assert build("--checkpoint.load_step", "4").step == 0  # its weights, a fresh start
+
+
+def test_initial_load_path(base, corpus, one_process_group, tmp_path):
+    trainer = build_trainer(["--checkpoint.initial_load_path",
+                             str(base[0] / "checkpoint" / "step-4")], tmp_path, corpus,
+                            one_process_group)
+    assert trainer.step == 0
+    for key, value in trainer.model_parts[0].state_dict().items():
+        assert torch.equal(value, base[1][key]), key
+
+
+def test_wrappers_leave_the_checkpoint_names_alone():
+    """Activation checkpointing and per-block compile wrap blocks in place: the names a
+    checkpoint holds stay those of the plain model (compiling happens lazily, not here)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from torchtitan_like.components.activation_checkpoint import apply_ac
+    from torchtitan_like.components.compile import apply_compile
+    from torchtitan_like.config.job_config import ActivationCheckpoint, Compile
+    from torchtitan_like.models.llama3 import Transformer, llama3_flavors
+
+    with torch.device("meta"):
+        plain, wrapped = Transformer(llama3_flavors["tiny"]), Transformer(llama3_flavors["tiny"])
+    apply_ac(wrapped.layers, ActivationCheckpoint(mode="full"))
+    apply_compile(wrapped.layers, Compile(enable=True))
+    assert any("_checkpoint_wrapped_module" in n for n, _ in wrapped.named_parameters())
+    assert list(get_model_state_dict(wrapped)) == list(get_model_state_dict(plain))

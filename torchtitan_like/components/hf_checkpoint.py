@@ -1,0 +1,112 @@
+"""HuggingFace safetensors folders <-> our checkpoints, in one process (scripts/convert_hf.py).
+
+A HuggingFace model folder is ``config.json`` plus ``*.safetensors`` files (sharded above
+``max_shard_bytes``, with a ``model.safetensors.index.json`` naming each tensor's file). Names
+and config come from the model's ``HFAdapter`` (ModelSpec.hf_adapter). Loading HF weights into
+a *sharded* training job goes through DCP's HuggingFaceStorageReader instead
+(``[checkpoint] initial_load_in_hf``, components/checkpoint.py), which reads each rank's slices.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file, save_file
+
+from torchtitan_like.components.checkpoint import publish, read_info
+from torchtitan_like.models.registry import HFAdapter, ModelSpec, get_model_args
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def save_hf(state_dict: dict[str, torch.Tensor], adapter: HFAdapter, folder: Path,
+            dtype: torch.dtype, max_shard_bytes: int = 5 * 2**30) -> list[Path]:
+    """Write full (unsharded) weights with our FQNs as a HuggingFace model folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to(dtype).contiguous() for k, v in adapter.to_hf(state_dict).items()}
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    files = [folder / ("model.safetensors" if len(shards) == 1 else
+                       f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors")
+             for i in range(len(shards))]
+    for file, shard in zip(files, shards, strict=True):
+        save_file(shard, str(file), metadata={"format": "pt"})
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(t.numel() * t.element_size()
+                                                for t in tensors.values())},
+                 "weight_map": {n: f.name for f, s in zip(files, shards, strict=True) for n in s}}
+        (folder / INDEX_FILE).write_text(json.dumps(index, indent=1))
+    (folder / "config.json").write_text(json.dumps(adapter.hf_config(dtype), indent=1))
+    return files
+
+
+def load_hf(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(config.json, every tensor under its HF name) of a HuggingFace model folder."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not (folder / "config.json").is_file() or not files:
+        raise ValueError(f"{folder}: not a HuggingFace model folder (config.json and "
+                         "*.safetensors expected)")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        tensors.update(load_file(str(file)))
+    return json.loads((folder / "config.json").read_text()), tensors
+
+
+def model_from_checkpoint(spec: ModelSpec, checkpoint: Path, flavor: str | None = None,
+                          ) -> tuple[torch.nn.Module, Any]:
+    """The full model of a DCP checkpoint (any layout it was saved under) in this process,
+    with the flavor and context length recorded in its checkpoint.json."""
+    info = read_info(checkpoint)
+    args = get_model_args(spec, flavor or info["model"]["flavor"])
+    args.max_seq_len = info.get("seq_len", args.max_seq_len)
+    model = spec.model_cls(args)
+    state = model.state_dict()
+    dcp.load({"model": state}, checkpoint_id=str(checkpoint), no_dist=True)
+    model.load_state_dict(state)
+    return model, args
+
+
+def hf_to_seed_checkpoint(spec: ModelSpec, hf_folder: Path, checkpoint_folder: Path,
+                          flavor: str | None = None) -> tuple[Path, str]:
+    """Write a HuggingFace folder's weights as the seed checkpoint ``step-0`` (model only) of a
+    checkpoint folder; the flavor is the one whose shape the config.json describes."""
+    config, hf_tensors = load_hf(hf_folder)
+    if flavor is None:
+        flavor = _matching_flavor(spec, config, hf_folder)
+    adapter = spec.hf_adapter(get_model_args(spec, flavor))
+    adapter.check_config(config)
+    final = checkpoint_folder / "step-0"
+    if final.exists():
+        raise ValueError(f"{final} exists already; choose an empty checkpoint folder")
+    partial = checkpoint_folder / "step-0.partial"
+    state = {k: v.contiguous() for k, v in adapter.from_hf(hf_tensors).items()}
+    dcp.save({"model": state}, checkpoint_id=str(partial), no_dist=True)
+    dtypes = {t.dtype for t in state.values()}
+    publish(partial, final, {"step": 0, "states": ["model"], "source": str(hf_folder),
+                             "model": {"name": spec.name, "flavor": flavor},
+                             "dtype": str(dtypes.pop()).removeprefix("torch.")
+                             if len(dtypes) == 1 else "mixed",
+                             "world_size": 1})
+    return final, flavor
+
+
+def _matching_flavor(spec: ModelSpec, config: dict[str, Any], hf_folder: Path) -> str:
+    for name in spec.flavors:
+        try:
+            spec.hf_adapter(get_model_args(spec, name)).check_config(config)
+            return name
+        except ValueError:
+            continue
+    raise ValueError(f"{hf_folder}/config.json matches no {spec.name} flavor "
+                     f"({', '.join(spec.flavors)}); register one of its shape")
