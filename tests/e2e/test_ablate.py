@@ -49,8 +49,10 @@ overrides = ["--parallelism.data_parallel_replicate_degree=3"]
     baseline, single, impossible = results
     assert [r["step"] for r in baseline.training] == [1, 2, 3]
     assert abs(single.final_loss - baseline.final_loss) < 1e-5
+    assert baseline.planned_memory_gib > 0 and single.planned_memory_gib > 0
     assert "world size 2 is not divisible" in impossible.error
     assert impossible.error.startswith("config error:")
+    assert impossible.planned_memory_gib is None
 
     out = tmp_path / "out"
     rows = (out / "results.csv").read_text().splitlines()

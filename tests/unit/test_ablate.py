@@ -33,6 +33,13 @@ def test_shipped_sweep_variants_are_valid_configs():
                 *variant.overrides]
         config = parse_args(argv, sweep.nproc_of(variant))  # validated for its world size
         assert config.training.global_batch_size == 4
+        assert 0 < sweep.planned_memory_gib(variant) < 1
+
+
+def test_planned_memory_is_none_when_the_config_cannot_run():
+    sweep = load_sweep(SHIPPED)
+    impossible = Variant("x", ("--parallelism.data_parallel_replicate_degree=3",))
+    assert sweep.planned_memory_gib(impossible) is None
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -130,11 +137,11 @@ def test_results_table_csv_and_chart(tmp_path):
     write_results(_sweep(tmp_path), results, tmp_path)
     rows = (tmp_path / "results.csv").read_text().splitlines()
     assert rows[0].startswith("variant,status,nproc,steps_logged,tokens_per_second")
-    assert rows[2].startswith("faster,ok,2,3,250,2.5,0.7,3.25,0.25,")
+    assert rows[2].startswith("faster,ok,2,3,250,2.5,0.7,,3.25,0.25,")
     assert rows[3].startswith("broken,failed (exit 1),2,0,")
     assert "config error: no" in rows[3]
     table = (tmp_path / "results.md").read_text()
-    assert "| faster | 2 | ok | 250 | 2.50 | 0.700 | 3.2500 | +0.2500 |" in table
+    assert "| faster | 2 | ok | 250 | 2.50 | 0.700 |  | 3.2500 | +0.2500 |" in table
     assert "**broken** (failed (exit 1)): `config error: no`" in table
     assert (tmp_path / "results.png").stat().st_size > 0
 

@@ -44,7 +44,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torchtitan_like.config.manager import tomllib
+import torch
+
+from torchtitan_like.config.manager import build_job_config, tomllib
+from torchtitan_like.tools.planner import CPU, predict_peak
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_TRAIN = ROOT / "run_train.sh"
@@ -88,6 +91,18 @@ class Sweep:
 
     def nproc_of(self, variant: Variant) -> int:
         return variant.nproc or self.nproc
+
+    def planned_memory_gib(self, variant: Variant) -> float | None:
+        """The planner's peak tensor memory per rank for the variant (None when the planner
+        cannot model its config): on CUDA comparable with the logged peak; on CPU, where the
+        logged peak is the process's RSS, the only view of activation memory."""
+        argv = ["--job.config_file", str(self.base_config), *self.overrides, *variant.overrides]
+        device = dataclasses.replace(CPU, fused_rms_norm=torch.cuda.is_available())
+        try:
+            peak = predict_peak(build_job_config(argv), self.nproc_of(variant), device)
+        except ValueError:  # a config error (the run will say so) or a model without shapes
+            return None
+        return peak.total / 2**30
 
 
 _SWEEP_KEYS = {"base_config", "steps", "nproc", "baseline", "output_folder", "overrides",
@@ -168,6 +183,7 @@ class Result:
     wall_seconds: float
     records: list[dict[str, Any]]
     error: str = ""
+    planned_memory_gib: float | None = None
 
     @property
     def training(self) -> list[dict[str, Any]]:
@@ -275,7 +291,8 @@ def run_variant(sweep: Sweep, variant: Variant, folder: Path) -> Result:
             rc = None
     wall = time.perf_counter() - start
     records = read_metrics(folder)
-    result = Result(variant, nproc, "ok", wall, records)
+    result = Result(variant, nproc, "ok", wall, records,
+                    planned_memory_gib=sweep.planned_memory_gib(variant))
     steps = [r["step"] for r in result.training]
     if rc is None:
         result.status = "timeout"
@@ -304,8 +321,8 @@ def _loss_delta(result: Result, baseline: Result | None) -> float | None:
 
 
 CSV_COLUMNS = ["variant", "status", "nproc", "steps_logged", "tokens_per_second", "mfu_percent",
-               "peak_memory_gib", "final_loss", "loss_delta", "validation_loss", "wall_seconds",
-               "error", "overrides"]
+               "peak_memory_gib", "planned_memory_gib", "final_loss", "loss_delta",
+               "validation_loss", "wall_seconds", "error", "overrides"]
 
 
 def write_csv(path: Path, results: list[Result], baseline: Result | None) -> None:
@@ -317,7 +334,8 @@ def write_csv(path: Path, results: list[Result], baseline: Result | None) -> Non
             writer.writerow([
                 r.variant.name, r.status, r.nproc, training[-1]["step"] if training else 0,
                 _fmt(r.tokens_per_second, ".6g"), _fmt(r.mfu, ".6g"), _fmt(r.memory_gib, ".6g"),
-                _fmt(r.final_loss, ".6g"), _fmt(_loss_delta(r, baseline), ".6g"),
+                _fmt(r.planned_memory_gib, ".6g"), _fmt(r.final_loss, ".6g"),
+                _fmt(_loss_delta(r, baseline), ".6g"),
                 _fmt(r.validation_loss, ".6g"), f"{r.wall_seconds:.1f}", r.error,
                 " ".join(r.variant.overrides),
             ])
@@ -332,17 +350,20 @@ def write_markdown(path: Path, sweep: Sweep, results: list[Result], baseline: Re
         f"`{' '.join(sweep.overrides) or '(none)'}`; baseline: **{sweep.baseline_name}**. "
         "tokens/s is per device (TorchTitan's tps) and with MFU the mean over the logged steps "
         "after the first; peak memory is the largest logged (CUDA: allocated by tensors; CPU: "
-        "the process's peak RSS); Δ loss is the final loss minus the baseline's.",
+        "the process's peak RSS, torch's own memory included); planned is the planner's peak "
+        "tensor memory per rank for the variant's config; Δ loss is the final loss minus the "
+        "baseline's.",
         "",
-        "| variant | procs | status | tokens/s | MFU % | peak memory GiB | final loss | Δ loss "
-        "| wall s |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| variant | procs | status | tokens/s | MFU % | peak memory GiB | planned GiB "
+        "| final loss | Δ loss | wall s |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         delta = _loss_delta(r, baseline)
         lines.append(
             f"| {r.variant.name} | {r.nproc} | {r.status} | {_fmt(r.tokens_per_second, ',.0f')} "
-            f"| {_fmt(r.mfu, '.2f')} | {_fmt(r.memory_gib, '.3f')} | {_fmt(r.final_loss, '.4f')} "
+            f"| {_fmt(r.mfu, '.2f')} | {_fmt(r.memory_gib, '.3f')} "
+            f"| {_fmt(r.planned_memory_gib, '.3f')} | {_fmt(r.final_loss, '.4f')} "
             f"| {_fmt(delta, '+.4f')} | {r.wall_seconds:.0f} |"
         )
     failed = [r for r in results if r.status != "ok"]
@@ -378,6 +399,12 @@ def write_chart(path: Path, results: list[Result], baseline_name: str) -> str:
         ax.barh(names, values, color=colors)
         ax.set_title(title)
         ax.invert_yaxis()
+    planned = [(n, r.planned_memory_gib) for n, r in zip(names, ok, strict=True)
+               if r.planned_memory_gib is not None]
+    if planned:
+        axes.flat[2].plot([p for _, p in planned], [n for n, _ in planned], "kx",
+                          label="planned (tensors)")
+        axes.flat[2].legend(fontsize="small")
     loss_ax = axes.flat[3]
     for r in ok:
         loss_ax.plot([x["step"] for x in r.training], [x["loss"] for x in r.training],

@@ -456,7 +456,7 @@ def stage_memory(m: ModelShape, gpu: GPU, work: Workload, layout: Layout, stage:
     # Parameters of this GPU's share of the stage, before FSDP sharding.
     unit = m.block_params / t
     local = (layers * m.block_params + (m.embedding_params if first else 0)
-             + (m.head_params if last and not (first and m.tie_word_embeddings) else 0)) / t
+             + (m.head_params if last else 0)) / t
     shard = local / layout.fsdp_degree
     master = shard * prec.master_bytes
     optimizer = shard * prec.master_bytes * prec.optimizer_states
