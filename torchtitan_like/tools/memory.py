@@ -85,7 +85,7 @@ def main(argv: list[str]) -> None:
 
 def measure_cases(cases: dict[str, tuple[int, list[str]]], workdir: Path) -> dict[str, int]:
     """Rank 0's peak bytes for each case {name: (processes, overrides)}; one torchrun launch
-    per process count. Raises CalledProcessError (with the launch's output) on failure."""
+    per process count. Raises RuntimeError with the end of the launch's output on failure."""
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root), "PYTHONWARNINGS": "ignore",
            "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1", "OMP_NUM_THREADS": "1"}
@@ -95,10 +95,13 @@ def measure_cases(cases: dict[str, tuple[int, list[str]]], workdir: Path) -> dic
                  for i, (name, (n, overrides)) in enumerate(cases.items()) if n == nproc}
         cases_file, out = workdir / f"cases_{nproc}.json", workdir / f"measured_{nproc}.json"
         cases_file.write_text(json.dumps(batch))
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        f"--nproc_per_node={nproc}", "-m", "torchtitan_like.tools.memory",
-                        str(cases_file), str(out)],
-                       cwd=root, env=env, check=True, capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               f"--nproc_per_node={nproc}", "-m", "torchtitan_like.tools.memory",
+                               str(cases_file), str(out)],
+                              cwd=root, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"measuring {list(batch)} on {nproc} processes failed:\n"
+                               f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
         measured.update({name: ranks[0]["Total"]
                          for name, ranks in json.loads(out.read_text()).items()})
     return measured

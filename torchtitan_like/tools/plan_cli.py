@@ -200,7 +200,8 @@ def format_plan(result: Plan, model: ModelShape, cluster: Cluster, work: Workloa
         f"Layout: {lay.label()}{chosen}; {result.microbatches} microbatch(es) per step per rank",
         "",
         f"Memory per GPU, peak at the {mem.moment}"
-        + (f" (pipeline stage {mem.stage})" if lay.pp > 1 else "") + ":",
+        + (f" (pipeline stage {mem.stage})" if lay.pp > 1 else "")
+        + ", what is allocated at that moment:",
         f"  parameters        {_gib(mem.parameters)}",
         f"  gradients         {_gib(mem.gradients)}",
         f"  optimizer states  {_gib(mem.optimizer)}",
