@@ -192,7 +192,7 @@ def format_plan(result: Plan, model: ModelShape, cluster: Cluster, work: Workloa
                 args: argparse.Namespace) -> str:
     """The human-readable report of one layout."""
     mem, lay, prec = result.memory, result.layout, work.precision
-    chosen = " (auto: the least recomputation that fits)" if args.ac in (None, "auto") else ""
+    chosen = " (auto: the least recomputation that fits)" if args.ac == "auto" else ""
     names = {4: "fp32", 2: "bf16"}
     states = prec.optimizer_states * prec.master_bytes
     lines = [
@@ -279,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         args.mfu /= 100  # given in percent
     try:
         model, cluster, work, layout = resolve(args)
+        args.ac = layout.ac  # "auto" unless the flag or the config names a mode
         kwargs = {"mfu": args.mfu, "kernel_efficiency": args.kernel_efficiency,
                   "headroom": args.headroom}
         if args.search:
