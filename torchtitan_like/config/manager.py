@@ -208,21 +208,11 @@ def import_custom_modules(names: list[str]) -> None:
             raise ConfigError(f"[job] custom_import: cannot import {name!r}: {e}") from e
 
 
-def parse_args(argv: list[str], world_size: int) -> JobConfig:
-    """The trainer's front door: TOML + overrides -> a validated JobConfig.
-
-    Prints --help / --print_config and exits when asked. ``world_size`` is what the degrees
-    are checked against (torchrun's WORLD_SIZE, known before any process group exists).
-    """
-    if "--help" in argv or "-h" in argv:
-        print(help_text())
-        raise SystemExit(0)
-    print_config = "--print_config" in argv
-    argv = [a for a in argv if a != "--print_config"]
-    pairs = _split_cli(argv)
-
+def build_job_config(argv: list[str]) -> JobConfig:
+    """``--job.config_file`` (with what it extends) + overrides -> JobConfig, type-checked but
+    not validated against a world size: what tools that plan for another machine read."""
     cli: dict[str, dict[str, Any]] = {}
-    for key, value in pairs:
+    for key, value in _split_cli(argv):
         section, dot, name = key.partition(".")
         if not dot or not name:
             raise ConfigError(f"override --{key}: expected --section.key=value")
@@ -233,8 +223,20 @@ def parse_args(argv: list[str], world_size: int) -> JobConfig:
     if config_file:
         layers.append((config_file, _load_toml(Path(config_file)), False))
     layers.append(("command line", cli, True))
-    config = _build(layers)
+    return _build(layers)
 
+
+def parse_args(argv: list[str], world_size: int) -> JobConfig:
+    """The trainer's front door: TOML + overrides -> a validated JobConfig.
+
+    Prints --help / --print_config and exits when asked. ``world_size`` is what the degrees
+    are checked against (torchrun's WORLD_SIZE, known before any process group exists).
+    """
+    if "--help" in argv or "-h" in argv:
+        print(help_text())
+        raise SystemExit(0)
+    print_config = "--print_config" in argv
+    config = build_job_config([a for a in argv if a != "--print_config"])
     import_custom_modules(config.job.custom_import)
     from torchtitan_like.config.validate import validate
 
@@ -307,6 +309,7 @@ def reference_markdown() -> str:
 
 __all__ = [
     "ConfigError",
+    "build_job_config",
     "did_you_mean",
     "field_docs",
     "help_text",

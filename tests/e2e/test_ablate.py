@@ -1,0 +1,63 @@
+"""A real sweep on CPU: three variants through run_train.sh, one of them impossible.
+
+The baseline (FSDP over 2 processes) and a one-process variant with full activation
+checkpointing train the same global batch from the same seed in fp32 with deterministic
+kernels, so their final losses agree (the runner's loss delta ~ 0, measured ~1e-6); the third
+asks for 3 data-parallel replicas of 2 processes and must be recorded as failed, with the
+trainer's config error as its error line, while the sweep still writes its table and chart.
+"""
+
+from pathlib import Path
+
+from harness import ROOT
+
+from torchtitan_like.tools.ablate import load_sweep, run_sweep
+
+
+def test_sweep_runs_variants_and_records_a_failure(tmp_path: Path, corpus: Path):
+    sweep_file = tmp_path / "sweep.toml"
+    sweep_file.write_text(f"""
+[sweep]
+base_config = "{ROOT}/train_configs/debug_model.toml"
+steps = 3
+nproc = 2
+output_folder = "{tmp_path / 'out'}"
+overrides = ["--model.flavor=tiny", "--training.dataset=local",
+             "--training.dataset_path={corpus}", "--training.seq_len=64",
+             "--training.local_batch_size=2", "--training.global_batch_size=4",
+             "--metrics.log_freq=1", "--metrics.enable_tensorboard=false",
+             "--validation.enable=false", "--debug.deterministic=true"]
+timeout_s = 300
+
+[[variants]]
+name = "FSDP 2"
+
+[[variants]]
+name = "1 process, AC full"
+nproc = 1
+overrides = ["--activation_checkpoint.mode=full"]
+
+[[variants]]
+name = "impossible"
+overrides = ["--parallelism.data_parallel_replicate_degree=3"]
+""")
+    lines: list[str] = []
+    results = run_sweep(load_sweep(sweep_file), log=lines.append)
+
+    assert [r.status for r in results] == ["ok", "ok", "failed (exit 1)"]
+    assert "[3/3] impossible" in "\n".join(lines) and "ETA" in lines[2]
+    baseline, single, impossible = results
+    assert [r["step"] for r in baseline.training] == [1, 2, 3]
+    assert abs(single.final_loss - baseline.final_loss) < 1e-5
+    assert baseline.planned_memory_gib > 0 and single.planned_memory_gib > 0
+    assert "world size 2 is not divisible" in impossible.error
+    assert impossible.error.startswith("config error:")
+    assert impossible.planned_memory_gib is None
+
+    out = tmp_path / "out"
+    rows = (out / "results.csv").read_text().splitlines()
+    assert len(rows) == 4 and rows[3].startswith("impossible,failed (exit 1),2,0,")
+    table = (out / "results.md").read_text()
+    assert "| FSDP 2 | 2 | ok |" in table and "**impossible** (failed (exit 1))" in table
+    assert (out / "results.png").stat().st_size > 0
+    assert (out / "impossible" / "train.log").read_text().startswith("$ NPROC=2 ")

@@ -1,0 +1,235 @@
+"""The planner's formulas, its seed worked examples, and its command line.
+
+Shapes and counts are checked against what PyTorch really keeps: the per-block activation
+count against MemTracker on a tiny block (CPU, composite RMSNorm), the rest against the papers'
+formulas. The seed examples are the issue's: 70B on 15T tokens at 40% MFU on H100 costs about
+4.4M GPU-hours (6ND); 70B at TP=8 alone needs further sharding to fit 80 GB; the Llama 3 405B
+8K layout (TP 8, PP 16, DP 128 on 16,384 GPUs) fits.
+"""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from torchtitan_like.components.activation_checkpoint import apply_ac
+from torchtitan_like.config.job_config import ActivationCheckpoint
+from torchtitan_like.config.manager import build_job_config
+from torchtitan_like.models.llama3.args import llama3_flavors
+from torchtitan_like.models.llama3.model import Transformer
+from torchtitan_like.tools import plan_cli
+from torchtitan_like.tools.planner import (
+    GPUS,
+    Cluster,
+    Layout,
+    LayoutError,
+    ModelShape,
+    Workload,
+    bubble_fraction,
+    communication,
+    from_job_config,
+    in_flight_layers,
+    korthikanti_layer_bytes,
+    layer_elements,
+    plan,
+    plan_fitting,
+    ring_volume,
+    search,
+    stage_layers,
+)
+
+GiB = 2**30
+H100 = GPUS["H100"]
+
+
+def shape(flavor: str) -> ModelShape:
+    return ModelShape.from_args(llama3_flavors[flavor])
+
+
+# ------------------------------------------------------------------------------- formulas
+
+
+def test_korthikanti_table_2():
+    # GPT-3 175B shapes: s 2048, h 12288, a 96 -> 5as/h = 80.
+    s, b, h, a = 2048, 1, 12288, 96
+    sbh = s * b * h
+    assert korthikanti_layer_bytes(s, b, h, a) == pytest.approx(sbh * (34 + 80))
+    assert korthikanti_layer_bytes(s, b, h, a, ac="selective") == pytest.approx(34 * sbh)
+    assert korthikanti_layer_bytes(s, b, h, a, ac="full") == pytest.approx(2 * sbh)
+    assert korthikanti_layer_bytes(s, b, h, a, tp=8) == pytest.approx(sbh * 114 / 8)
+    assert korthikanti_layer_bytes(s, b, h, a, tp=8, sequence_parallel=False) == \
+        pytest.approx(sbh * (10 + (24 + 80) / 8))
+    assert korthikanti_layer_bytes(s, b, h, a, ac="selective", tp=8, cp=2) == \
+        pytest.approx(34 * sbh / 16)
+
+
+@pytest.mark.parametrize("mode,option,ac", [("none", "op", "none"), ("selective", "op", "op"),
+                                            ("full", "op", "full")])
+def test_layer_count_matches_memtracker(mode, option, ac):
+    """Bytes a tiny block keeps after its forward (input included, output excluded) equal
+    the planner's count: composite RMSNorm on CPU, fp32, grouped-query attention."""
+    args = dataclasses.replace(llama3_flavors["tiny"], max_seq_len=64)
+    model = Transformer(args)
+    apply_ac(model.layers, ActivationCheckpoint(mode=mode, selective_ac_option=option))
+    b, s = 4, 64
+    x = torch.randn(b, s, args.dim, requires_grad=True)
+    tracker = MemTracker()
+    tracker.track_external(model, x)
+    with tracker:
+        before = tracker.get_tracker_snapshot()[torch.device("cpu")]["Total"]
+        y = model.layers["0"](x, model.rope_cache)
+        after = tracker.get_tracker_snapshot()[torch.device("cpu")]["Total"]
+    kept = after - before - y.numel() * 4 + x.numel() * 4
+    m = shape("tiny")
+    lse = 0 if ac == "full" else 4 * m.n_heads * b * s
+    predicted = layer_elements(m, ac, tp=1, fused_norm=False) * 4 * b * s + lse
+    assert kept == pytest.approx(predicted, rel=0.01)
+
+
+def test_layer_count_sequence_parallel():
+    m = shape("70B")  # h 8192, q 8192, kv 1024, f 28672
+    h, f = 8192, 28672
+    # Fused norms keep their input (sharded); the gathered matmul inputs stay full length.
+    assert layer_elements(m, "none", 8, fused_norm=True) == \
+        pytest.approx(2 * (h / 8 + h) + 4 * h / 8 + 4 * f / 8)
+    assert layer_elements(m, "full", 8, fused_norm=True) == pytest.approx(h / 8)
+    assert layer_elements(m, "none", 1, fused_norm=True) == pytest.approx(8 * h + 4 * f)
+
+
+def test_bubble_and_pipeline_occupancy():
+    assert bubble_fraction(1, 8) == 0
+    assert bubble_fraction(4, 12) == pytest.approx(3 / 15)
+    assert bubble_fraction(4, 12, "Interleaved1F1B", 2) == pytest.approx(3 / 27)
+    assert stage_layers(126, 16) == [8] * 14 + [7] * 2
+    one_f_one_b = Layout(pp=4, dp_shard=1)
+    assert in_flight_layers(one_f_one_b, 0, 12, 10) == 40  # stage 0 holds pp microbatches
+    assert in_flight_layers(one_f_one_b, 3, 12, 10) == 10
+    assert in_flight_layers(dataclasses.replace(one_f_one_b, pp_schedule="GPipe"), 0, 12, 10) \
+        == 120
+    # Interleaved, v = 2: rank 0 holds L (1 + (pp - 1)/(pp v)) layers' worth (Korthikanti).
+    interleaved = dataclasses.replace(one_f_one_b, pp_schedule="Interleaved1F1B")
+    assert in_flight_layers(interleaved, 0, 12, 10) == pytest.approx(40 * (1 + 3 / 8))
+
+
+def test_communication_volumes_and_links():
+    m = shape("8B")
+    cluster = Cluster(H100, gpus_per_node=8, num_nodes=2)
+    work = Workload(seq_len=4096, global_batch=16)
+    layout = Layout(tp=8, dp_shard=2)
+    comms = {c.dim: c for c in communication(m, cluster, work, layout, microbatches=8)}
+    assert comms["tp"].link == "intra-node" and comms["fsdp"].link == "inter-node"
+    sbh = 4096 * m.dim * 2
+    assert comms["tp"].bytes_per_step == pytest.approx(8 * 32 * 8 * ring_volume(8, sbh))
+    local = (32 * m.block_params + m.embedding_params) / 8
+    # 8 microbatches, each gathering twice (bf16) and reduce-scattering once (fp32).
+    assert comms["fsdp"].bytes_per_step == pytest.approx(ring_volume(2, local * 8 * (4 + 4)))
+    assert ring_volume(4, 100.0) == 75.0
+
+
+# ------------------------------------------------------------------------- seed examples
+
+
+def test_70b_on_15t_tokens_costs_about_4_4m_gpu_hours():
+    result = plan(shape("70B"), Cluster(H100, 8, 64),
+                  Workload(seq_len=8192, global_batch=512, tokens=15e12),
+                  Layout(dp_shard=512, ac="full"), mfu=0.40)
+    assert H100.peak_tflops == 989
+    assert result.gpu_hours_6nd == pytest.approx(4.4e6, rel=0.02)
+    # With attention (the trainer's MFU count), the same MFU costs flops_per_token / 6N more.
+    ratio = shape("70B").flops_per_token(8192) / (6 * shape("70B").num_params)
+    assert result.gpu_hours == pytest.approx(result.gpu_hours_6nd * ratio)
+    assert result.days == pytest.approx(result.gpu_hours / 512 / 24)
+
+
+def test_70b_tensor_parallel_8_alone_does_not_fit():
+    m, work = shape("70B"), Workload(seq_len=8192, global_batch=8)
+    alone = plan_fitting(m, Cluster(H100, 8, 1), work, Layout(tp=8, ac="auto"))
+    assert not alone.fits
+    states = alone.memory.parameters + alone.memory.gradients + alone.memory.optimizer
+    assert states > 80e9  # 16 bytes x 70.6B / 8 before any activation
+    sharded = plan_fitting(m, Cluster(H100, 8, 8), Workload(seq_len=8192, global_batch=64),
+                           Layout(tp=8, dp_shard=8, ac="auto"))
+    assert sharded.fits
+
+
+def test_llama3_405b_8k_layout_fits():
+    result = plan_fitting(shape("405B"), Cluster(H100, 8, 2048),
+                          Workload(seq_len=8192, global_batch=2048, tokens=15.6e12),
+                          Layout(tp=8, pp=16, dp_shard=128, ac="auto"))
+    assert result.fits
+    assert result.microbatches == 16 and result.memory.stage == 0
+    assert result.bubble == pytest.approx(15 / 31)
+    assert {c.dim: c.link for c in result.comms} == {
+        "tp": "intra-node", "fsdp": "inter-node", "pp": "inter-node"}
+
+
+# ---------------------------------------------------------------------- layouts and search
+
+
+def test_invalid_layouts_explain_themselves():
+    m, cluster = shape("8B"), Cluster(H100, 8, 1)
+    work = Workload(seq_len=4096, global_batch=8)
+    with pytest.raises(LayoutError, match="tp 3 does not divide n_heads"):
+        plan(m, Cluster(H100, 3, 1), work, Layout(tp=3))
+    with pytest.raises(LayoutError, match="uses 4 GPUs, the cluster has 8"):
+        plan(m, cluster, work, Layout(dp_shard=4))
+    with pytest.raises(LayoutError, match="not a multiple of dp x local_batch_size"):
+        plan(m, cluster, Workload(seq_len=4096, global_batch=12), Layout(dp_shard=8))
+    with pytest.raises(LayoutError, match="needs at least 4 microbatches"):
+        plan(m, cluster, Workload(seq_len=4096, global_batch=2), Layout(pp=4, dp_shard=2))
+    with pytest.raises(ValueError, match="use none, op, full or a number"):
+        plan(m, cluster, work, Layout(dp_shard=8, ac="sometimes"))
+
+
+def test_search_ranks_fitting_layouts():
+    plans = search(shape("8B"), Cluster(H100, 8, 4), Workload(seq_len=8192, global_batch=64),
+                   top=4)
+    assert 1 <= len(plans) <= 4
+    assert all(p.fits and p.layout.tp <= 8 and p.layout.num_gpus == 32 for p in plans)
+    estimates = [p.mfu_estimate for p in plans]
+    assert estimates == sorted(estimates, reverse=True)
+
+
+def test_from_job_config_reads_the_debug_config():
+    config = build_job_config(["--job.config_file", "train_configs/debug_model.toml",
+                               "--activation_checkpoint.mode", "selective",
+                               "--activation_checkpoint.selective_ac_option", "2"])
+    model, work, layout = from_job_config(config, 2)
+    assert model.n_layers == 6 and model.dim == 256
+    assert (work.seq_len, work.global_batch) == (256, 16)
+    assert work.precision.compute_bytes == 4  # the debug config computes in fp32
+    assert (layout.dp_shard, layout.local_batch_size, layout.ac) == (2, 8, "2")
+
+
+# -------------------------------------------------------------------------- command line
+
+
+def test_cli_prints_breakdown_verdict_and_gpu_hours(capsys):
+    code = plan_cli.main(["--flavor", "70B", "--gpu", "H100", "--num_gpus", "512",
+                          "--seq_len", "8192", "--tokens", "15e12", "--mfu", "0.40"])
+    out = capsys.readouterr().out
+    assert code == 0
+    for needle in ("parameters", "gradients", "optimizer states", "activations",
+                   "Verdict: FITS", "GPU-hours: 4.46M (6ND)"):
+        assert needle in out, needle
+
+
+def test_cli_json_and_search(capsys):
+    assert plan_cli.main(["--flavor", "8B", "--num_gpus", "8", "--seq_len", "4096",
+                          "--tp", "2", "--ac", "full", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["fits"] and data["layout"]["tp"] == 2 and data["layout"]["dp_shard"] == 4
+    assert set(data["memory_gib"]) >= {"parameters", "gradients", "optimizer", "activations"}
+    assert plan_cli.main(["--flavor", "8B", "--num_gpus", "16", "--search", "--top", "3",
+                          "--json"]) == 0
+    ranked = json.loads(capsys.readouterr().out)
+    assert 1 <= len(ranked) <= 3 and all(p["fits"] for p in ranked)
+
+
+def test_cli_errors(capsys):
+    assert plan_cli.main(["--num_gpus", "8"]) == 2
+    assert "--flavor" in capsys.readouterr().err
+    assert plan_cli.main(["--flavor", "8B", "--num_gpus", "8", "--tp", "3"]) == 2
+    assert "do not divide" in capsys.readouterr().err

@@ -1,0 +1,1 @@
+"""Tools around the trainer: the parallelism planner, the ablation runner, memory measurement."""

@@ -1,0 +1,111 @@
+"""Measure the peak tensor memory of one training step with PyTorch's MemTracker.
+
+``torch.distributed._tools.mem_tracker.MemTracker`` is a dispatch mode that sees every tensor
+storage created or freed inside it (parameters, gradients, optimizer states, activations,
+temporaries), on any device; it is the only way to see activation memory on a CPU, where
+allocator statistics do not exist and RSS/tracemalloc miss tensor storages. Under FSDP/TP it
+counts each rank's local shards and its all-gathered buffers.
+
+Used to validate the planner (scripts/validate_plan_memory.py, tests/parallel/
+test_plan_memory.py). As a torchrun entry point it builds the trainer of each case of a JSON
+file ({name: [overrides]}) in turn, in one process group, and writes each rank's peak, by
+category, to a JSON file:
+
+    python -m torch.distributed.run --standalone --nproc_per_node=2 \
+        -m torchtitan_like.tools.memory cases.json measured.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from torchtitan_like.train import Trainer
+
+
+def measure_step_memory(trainer: Trainer) -> dict[str, int]:
+    """Peak bytes of one steady-state training step on this rank, by MemTracker category
+    (Parameter, Gradient, Optstate, Activation, Temp, Buffer, Other) plus ``Total``.
+
+    A first, untracked step creates the optimizer states (AdamW allocates them lazily), so the
+    measured step is what every later step costs.
+    """
+    data = iter(trainer.dataloader)
+
+    def step() -> None:
+        trainer.train_step([next(data) for _ in range(trainer.grad_accumulation_steps)])
+
+    step()
+    tracker = MemTracker()
+    tracker.track_external(*trainer.model_parts, *trainer.optimizers.optimizers)
+    # MemTracker refuses a second forward of a root module (gradient accumulation) unless its
+    # per-module statistics are reset; the peak it keeps survives the reset.
+    forward_backward = trainer.forward_backward
+
+    def microbatch(*args):
+        tracker.reset_mod_stats()
+        return forward_backward(*args)
+
+    trainer.forward_backward = microbatch
+    try:
+        with tracker:
+            step()
+    finally:
+        del trainer.forward_backward
+    peak = tracker.get_tracker_snapshot("peak")[trainer.device]
+    return {str(getattr(key, "value", key)): int(value) for key, value in peak.items()}
+
+
+def main(argv: list[str]) -> None:
+    from torchtitan_like.config.manager import parse_args
+    from torchtitan_like.distributed.utils import init_distributed
+
+    cases_file, out_file = argv
+    with open(cases_file) as f:
+        cases: dict[str, list[str]] = json.load(f)
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    device = init_distributed()
+    results = {}
+    for name, overrides in cases.items():
+        peak = measure_step_memory(Trainer(parse_args(overrides, world_size), device))
+        gathered: list[dict[str, int] | None] = [None] * world_size
+        dist.all_gather_object(gathered, peak)
+        results[name] = gathered
+    if dist.get_rank() == 0:
+        with open(out_file, "w") as f:
+            json.dump(results, f, indent=1)
+    dist.destroy_process_group()
+
+
+def measure_cases(cases: dict[str, tuple[int, list[str]]], workdir: Path) -> dict[str, int]:
+    """Rank 0's peak bytes for each case {name: (processes, overrides)}; one torchrun launch
+    per process count. Raises RuntimeError with the end of the launch's output on failure."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONWARNINGS": "ignore",
+           "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1", "OMP_NUM_THREADS": "1"}
+    measured: dict[str, int] = {}
+    for nproc in sorted({n for n, _ in cases.values()}):
+        batch = {name: [*overrides, "--job.dump_folder", str(workdir / f"case{i}")]
+                 for i, (name, (n, overrides)) in enumerate(cases.items()) if n == nproc}
+        cases_file, out = workdir / f"cases_{nproc}.json", workdir / f"measured_{nproc}.json"
+        cases_file.write_text(json.dumps(batch))
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               f"--nproc_per_node={nproc}", "-m", "torchtitan_like.tools.memory",
+                               str(cases_file), str(out)],
+                              cwd=root, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"measuring {list(batch)} on {nproc} processes failed:\n"
+                               f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+        measured.update({name: ranks[0]["Total"]
+                         for name, ranks in json.loads(out.read_text()).items()})
+    return measured
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

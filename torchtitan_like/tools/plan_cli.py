@@ -1,0 +1,301 @@
+"""Command line of the planner (scripts/plan.py, or python -m torchtitan_like.tools.plan_cli).
+
+    python scripts/plan.py --flavor 70B --gpu H100 --num_gpus 512 --seq_len 8192 \
+        --tokens 15e12 --mfu 0.40            # one layout: memory, fit, communication, cost
+    python scripts/plan.py --flavor 405B --gpu H100 --num_gpus 16384 --seq_len 8192 \
+        --global_batch 2048 --search         # the best fitting layouts
+    python scripts/plan.py --config train_configs/debug_model.toml --num_gpus 2 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any
+
+from torchtitan_like.config.manager import ConfigError, build_job_config, import_custom_modules
+from torchtitan_like.tools.planner import (
+    GPUS,
+    Cluster,
+    Layout,
+    LayoutError,
+    ModelShape,
+    Plan,
+    Precision,
+    Workload,
+    check_ac,
+    from_job_config,
+    plan_fitting,
+    search,
+)
+
+GiB = 2**30
+_DTYPES = {"float32": 4, "bfloat16": 2}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="plan", description="Memory per GPU, fit, communication, MFU and cost of a "
+        "training layout, or a search for the best layouts.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    model = p.add_argument_group("model (a registry flavor, or a training config)")
+    model.add_argument("--config", help="training TOML: model, seq_len, batch, degrees, AC, "
+                       "dtypes are read from it (flags below override)")
+    model.add_argument("--model", default="llama3", help="registry name")
+    model.add_argument("--flavor", help="flavor of the model, e.g. 8B, 70B, 405B")
+    model.add_argument("--custom_import", nargs="*", default=[],
+                       help="modules to import first (models registered outside the package)")
+    hw = p.add_argument_group("cluster")
+    hw.add_argument("--gpu", default="H100", choices=sorted(GPUS), help="GPU preset")
+    hw.add_argument("--gpu_memory_gib", type=float, help="override the preset's memory")
+    hw.add_argument("--peak_tflops", type=float, help="override the preset's dense bf16 peak")
+    hw.add_argument("--intra_node_gbps", type=float, help="override: GB/s per GPU in a node")
+    hw.add_argument("--inter_node_gbps", type=float, help="override: GB/s per GPU between nodes")
+    hw.add_argument("--gpus_per_node", type=int, default=8)
+    hw.add_argument("--num_gpus", type=int, help="GPUs in all (default: one node)")
+    hw.add_argument("--nodes", type=int, help="nodes (instead of --num_gpus)")
+    job = p.add_argument_group("workload")
+    job.add_argument("--seq_len", type=int, help="tokens per sequence (default 8192)")
+    job.add_argument("--global_batch", type=int,
+                     help="sequences per step (default: 4M tokens / seq_len)")
+    job.add_argument("--local_batch_size", type=int, help="sequences per microbatch (default 1)")
+    job.add_argument("--tokens", type=float, default=0.0, help="token budget, e.g. 15e12")
+    job.add_argument("--dtype", choices=_DTYPES, help="master weights, gradients, optimizer "
+                     "states (default float32)")
+    job.add_argument("--param_dtype", choices=_DTYPES, help="compute dtype (default bfloat16)")
+    job.add_argument("--reduce_dtype", choices=_DTYPES, help="gradient reduction (default "
+                     "float32)")
+    lay = p.add_argument_group("layout (ignored by --search)")
+    lay.add_argument("--tp", type=int, help="tensor parallel degree")
+    lay.add_argument("--cp", type=int, help="context parallel degree")
+    lay.add_argument("--pp", type=int, help="pipeline parallel degree")
+    lay.add_argument("--dp_replicate", type=int, help="HSDP replicas")
+    lay.add_argument("--dp_shard", type=int, help="FSDP shard degree; -1 = the rest")
+    lay.add_argument("--pp_schedule", choices=["1F1B", "GPipe", "Interleaved1F1B"])
+    lay.add_argument("--ac", help="activation checkpointing: auto (the least that fits), none, "
+                     "op, full, or N (every N-th block); default auto")
+    est = p.add_argument_group("estimate")
+    est.add_argument("--mfu", type=float, help="MFU for time and cost (0.40 or 40); default: "
+                     "the planner's estimate")
+    est.add_argument("--kernel_efficiency", type=float, default=0.55,
+                     help="fraction of peak the kernels reach when nothing waits; calibrate "
+                     "with one measured run")
+    est.add_argument("--headroom", type=float, default=0.10,
+                     help="share of GPU memory kept free (allocator, NCCL, CUDA context)")
+    out = p.add_argument_group("output")
+    out.add_argument("--search", action="store_true", help="rank the fitting layouts")
+    out.add_argument("--top", type=int, default=5, help="layouts --search prints")
+    out.add_argument("--json", action="store_true", help="print JSON instead of text")
+    return p
+
+
+def _pick(flag: Any, fallback: Any) -> Any:
+    return fallback if flag is None else flag
+
+
+def resolve(args: argparse.Namespace) -> tuple[ModelShape, Cluster, Workload, Layout]:
+    """Planner inputs from the flags (and the config file, when given)."""
+    gpu = GPUS[args.gpu]
+    gpu = dataclasses.replace(
+        gpu, memory_gib=_pick(args.gpu_memory_gib, gpu.memory_gib),
+        peak_tflops=_pick(args.peak_tflops, gpu.peak_tflops),
+        intra_node_gbps=_pick(args.intra_node_gbps, gpu.intra_node_gbps),
+        inter_node_gbps=_pick(args.inter_node_gbps, gpu.inter_node_gbps))
+    per_node = args.gpus_per_node
+    num_gpus = args.num_gpus or (args.nodes or 1) * per_node
+    if num_gpus < per_node:
+        per_node = num_gpus
+    if num_gpus % per_node:
+        raise LayoutError(f"--num_gpus {num_gpus} is not a multiple of --gpus_per_node "
+                          f"{per_node}")
+    cluster = Cluster(gpu, gpus_per_node=per_node, num_nodes=num_gpus // per_node)
+
+    import_custom_modules(args.custom_import)
+    if args.config:
+        config = build_job_config(["--job.config_file", args.config])
+        import_custom_modules(config.job.custom_import)
+        if args.flavor:
+            config.model.name, config.model.flavor = args.model, args.flavor
+        model, work, layout = from_job_config(config, num_gpus)
+    else:
+        if not args.flavor:
+            raise LayoutError("name a model: --flavor (with --model) or --config")
+        config = build_job_config([f"--model.name={args.model}", f"--model.flavor={args.flavor}"])
+        model, _, _ = from_job_config(config, num_gpus)
+        work = Workload(seq_len=8192, global_batch=0)
+        layout = Layout(ac="auto")
+
+    seq_len = _pick(args.seq_len, work.seq_len)
+    p = work.precision
+    precision = Precision(
+        master_bytes=_DTYPES[args.dtype] if args.dtype else p.master_bytes,
+        compute_bytes=_DTYPES[args.param_dtype] if args.param_dtype else p.compute_bytes,
+        reduce_bytes=_DTYPES[args.reduce_dtype] if args.reduce_dtype else p.reduce_bytes)
+    global_batch = args.global_batch or (work.global_batch if args.config else
+                                         max(1, 2**22 // seq_len))
+    work = Workload(seq_len=seq_len, global_batch=global_batch, tokens=args.tokens,
+                    precision=precision)
+
+    tp, cp, pp = _pick(args.tp, layout.tp), _pick(args.cp, layout.cp), _pick(args.pp, layout.pp)
+    replicate = _pick(args.dp_replicate, layout.dp_replicate)
+    shard = _pick(args.dp_shard, -1 if not args.config else layout.dp_shard)
+    if any(degree != getattr(layout, name) for name, degree in
+           (("tp", tp), ("cp", cp), ("pp", pp), ("dp_replicate", replicate))):
+        shard = _pick(args.dp_shard, -1)  # degrees changed: let FSDP take the rest
+    if shard == -1:
+        others = tp * cp * pp * replicate
+        if num_gpus % others:
+            raise LayoutError(f"{num_gpus} GPUs do not divide into tp x cp x pp x "
+                              f"dp_replicate = {others}")
+        shard = num_gpus // others
+    ac = _pick(args.ac, layout.ac)
+    if ac != "auto":
+        check_ac(ac)
+    layout = dataclasses.replace(
+        layout, tp=tp, cp=cp, pp=pp, dp_replicate=replicate, dp_shard=shard, ac=ac,
+        local_batch_size=_pick(args.local_batch_size, layout.local_batch_size),
+        pp_schedule=_pick(args.pp_schedule, layout.pp_schedule))
+    return model, cluster, work, layout
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / GiB:8.2f} GiB"
+
+
+def _si(value: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f}{unit}"
+    return f"{value:.3g}"
+
+
+def _header(model: ModelShape, cluster: Cluster, work: Workload, args: argparse.Namespace
+            ) -> list[str]:
+    name = args.flavor or "from " + str(args.config)
+    gpu = cluster.gpu
+    return [
+        f"Model: {args.model} {name}, {_si(model.num_params)} parameters "
+        f"({model.n_layers} layers, dim {model.dim}, {model.n_heads} heads, "
+        f"{model.kv_heads} KV heads, FFN {model.ffn_hidden_dim}, vocab {model.vocab_size})",
+        f"Cluster: {cluster.num_gpus} x {gpu.name} ({cluster.num_nodes} node(s) of "
+        f"{cluster.gpus_per_node}; {gpu.memory_gib:g} GiB, {gpu.peak_tflops:g} TFLOP/s bf16, "
+        f"{gpu.intra_node_gbps:g} GB/s in a node, {gpu.inter_node_gbps:g} GB/s between nodes)",
+        f"Workload: seq {work.seq_len}, global batch {work.global_batch} sequences = "
+        f"{_si(work.global_batch * work.seq_len)} tokens/step"
+        + (f", budget {_si(work.tokens)} tokens" if work.tokens else ""),
+    ]
+
+
+def format_plan(result: Plan, model: ModelShape, cluster: Cluster, work: Workload,
+                args: argparse.Namespace) -> str:
+    """The human-readable report of one layout."""
+    mem, lay, prec = result.memory, result.layout, work.precision
+    chosen = " (auto: the least recomputation that fits)" if args.ac == "auto" else ""
+    names = {4: "fp32", 2: "bf16"}
+    states = prec.optimizer_states * prec.master_bytes
+    lines = [
+        *_header(model, cluster, work, args),
+        f"Layout: {lay.label()}{chosen}; {result.microbatches} microbatch(es) per step per rank",
+        "",
+        f"Memory per GPU, peak at the {mem.moment}"
+        + (f" (pipeline stage {mem.stage})" if lay.pp > 1 else "")
+        + ", what is allocated at that moment:",
+        f"  parameters        {_gib(mem.parameters)}",
+        f"  gradients         {_gib(mem.gradients)}",
+        f"  optimizer states  {_gib(mem.optimizer)}",
+        f"  activations       {_gib(mem.activations)}",
+        f"  total             {_gib(mem.total)}  of {result.usable_gib:.1f} GiB usable "
+        f"({result.capacity_gib:g} GiB less {args.headroom:.0%} headroom)",
+        f"  bytes per parameter: {names[prec.master_bytes]} weights {prec.master_bytes} + "
+        f"gradients {prec.master_bytes} + Adam states {states} = "
+        f"{2 * prec.master_bytes + states}, sharded over {lay.tp} (TP) x {lay.pp} (PP) x "
+        f"{lay.fsdp_degree} (FSDP); {names[prec.compute_bytes]} compute copies "
+        f"{prec.compute_bytes}; {names[prec.reduce_bytes]} reductions {prec.reduce_bytes}",
+        "Verdict: " + ("FITS" if result.fits else "DOES NOT FIT")
+        + f" ({mem.total / GiB:.1f} of {result.usable_gib:.1f} GiB)",
+        "",
+        "Communication per step, bytes each GPU sends:",
+    ]
+    for c in result.comms:
+        lines.append(f"  {c.dim:12s} group {c.group:5d}  {c.link:10s} {c.bandwidth_gbps:6.0f} "
+                     f"GB/s  {c.bytes_per_step / 1e9:10.2f} GB  {c.seconds:8.3f} s  "
+                     + ("exposed" if c.exposed else "overlaps compute"))
+    if not result.comms:
+        lines.append("  none (one GPU)")
+    lines += [
+        f"Pipeline bubble: {result.bubble:.1%}"
+        + (f" ((pp-1)/(m+pp-1) with pp {lay.pp}, m {result.microbatches})" if lay.pp > 1
+           else ""),
+        f"Step: compute {result.compute_seconds:.3f} s at {args.kernel_efficiency:.0%} kernel "
+        f"efficiency -> {result.step_seconds:.3f} s with bubble and exposed communication; "
+        f"MFU estimate {result.mfu_estimate:.1%}",
+    ]
+    if work.tokens:
+        flops = work.tokens * result.flops_per_token
+        flops_6nd = 6 * model.num_params * work.tokens
+        days_6nd = result.days * result.gpu_hours_6nd / result.gpu_hours
+        source = "given" if args.mfu is not None else "estimated"
+        lines += [
+            f"Compute: C = 6ND = {flops_6nd:.3g} FLOPs; with attention at seq {work.seq_len} "
+            f"({result.flops_per_token / 1e9:.1f} GFLOP/token, the trainer's MFU count) "
+            f"{flops:.3g} FLOPs",
+            f"GPU-hours: {_si(result.gpu_hours_6nd)} (6ND) | {_si(result.gpu_hours)} "
+            f"(with attention) at {result.mfu:.1%} MFU ({source})",
+            f"Days on {cluster.num_gpus} GPUs: {days_6nd:.1f} (6ND) | {result.days:.1f} "
+            "(with attention)",
+        ]
+    lines += [f"Note: {note}" for note in result.notes]
+    return "\n".join(lines)
+
+
+def format_search(plans: list[Plan], model: ModelShape, cluster: Cluster, work: Workload,
+                  args: argparse.Namespace) -> str:
+    lines = [
+        *_header(model, cluster, work, args),
+        "",
+        f"Best {len(plans)} fitting layouts by estimated MFU (each with the least activation "
+        "checkpointing that fits):",
+        f"{'#':>2}  {'tp':>2} {'cp':>2} {'pp':>3} {'dp (rep x shard)':>17}  {'ac':8} "
+        f"{'GiB':>6}  {'bubble':>6}  {'MFU est':>7}  {'step s':>7}"
+        + ("  days" if work.tokens else ""),
+    ]
+    for i, r in enumerate(plans, 1):
+        lay = r.layout
+        dp = f"{lay.dp_replicate} x {lay.dp_shard}"
+        ac = "every " + lay.ac if lay.ac.isdigit() else lay.ac
+        lines.append(f"{i:>2}  {lay.tp:>2} {lay.cp:>2} {lay.pp:>3} {dp:>17}  {ac:8} "
+                     f"{r.memory.total / GiB:6.1f}  {r.bubble:6.1%}  {r.mfu_estimate:7.1%}  "
+                     f"{r.step_seconds:7.2f}" + (f"  {r.days:.1f}" if work.tokens else ""))
+    if not plans:
+        lines.append("  no layout fits: more GPUs, a smaller batch per microbatch or sequence")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.mfu is not None and args.mfu > 1:
+        args.mfu /= 100  # given in percent
+    try:
+        model, cluster, work, layout = resolve(args)
+        args.ac = layout.ac  # "auto" unless the flag or the config names a mode
+        kwargs = {"mfu": args.mfu, "kernel_efficiency": args.kernel_efficiency,
+                  "headroom": args.headroom}
+        if args.search:
+            plans = search(model, cluster, work, local_batch_size=layout.local_batch_size,
+                           pp_schedule=layout.pp_schedule, top=args.top, **kwargs)
+            print(json.dumps([p.to_dict() for p in plans], indent=1) if args.json
+                  else format_search(plans, model, cluster, work, args))
+            return 0 if plans else 1
+        result = plan_fitting(model, cluster, work, layout, **kwargs)
+    except (LayoutError, ConfigError, ValueError) as e:
+        print(f"plan error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result.to_dict(), indent=1) if args.json
+          else format_plan(result, model, cluster, work, args))
+    return 0 if result.fits else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
