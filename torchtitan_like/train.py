@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from torchtitan_like.components.compile import maybe_compile_loss, set_inductor_cache
+from torchtitan_like.components.converters import build_converters
 from torchtitan_like.components.data.dataloader import build_dataloader
 from torchtitan_like.components.data.tokenizer import build_tokenizer
 from torchtitan_like.components.loss import count_labelled_tokens, cross_entropy_sum
@@ -57,10 +58,12 @@ class Trainer:
         )
         self.grad_accumulation_steps = grad_accumulation_steps(config, self.parallel_dims.dp)
 
-        # 3-6. The plain model on meta, then the parallelization plan on it.
+        # 3-6. The plain model on meta, converters (Float8), then the parallelization plan.
         spec, self.model_args = model_spec_and_args(config)
         with torch.device("meta"):
             model = spec.model_cls(self.model_args).to(dist_utils.DTYPES[training.dtype])
+        self.converters = build_converters(config, self.parallel_dims, device.type)
+        self.converters.convert(model)
         self.model_parts = [spec.parallelize_fn(model, self.parallel_dims, self.meshes, config)]
 
         # 7. Materialise and initialise identically under every layout.
@@ -78,6 +81,7 @@ class Trainer:
         self.lr_schedulers = LRSchedulersContainer(
             self.optimizers, config.lr_scheduler, training.steps
         )
+        self.converters.register_optimizer_hooks(self.optimizers, self.model_parts)
         self.step = 0
 
         # 9. Metrics.

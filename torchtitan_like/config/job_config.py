@@ -147,7 +147,28 @@ class Compile:
     """What to compile: model (each transformer block) and/or loss."""
 
     cache_dir: str = ""
-    """Persistent inductor cache folder (TORCHINDUCTOR_CACHE_DIR); empty = torch's default."""
+    """Persistent inductor cache folder (sets TORCHINDUCTOR_CACHE_DIR); empty = torch's default."""
+
+
+@dataclass
+class Float8:
+    enable: bool = False
+    """Train the transformer blocks' linears in float8 (torchao); head, embeddings, norms stay."""
+
+    recipe_name: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"] = "tensorwise"
+    """Scales per tensor (fastest), per row, or per row with grad_weight kept in high precision."""
+
+    enable_fsdp_float8_all_gather: bool = False
+    """FSDP all-gathers weights in float8 (half the bf16 bytes); tensorwise recipe only."""
+
+    precompute_float8_dynamic_scale_for_fsdp: bool = False
+    """Compute all weight scales in one all-reduce after each optimizer step; needs the above."""
+
+    emulate: bool = False
+    """Emulate the float8 matmuls in high precision (any device; for numerics tests, not speed)."""
+
+    filter_fqns: list[str] = field(default_factory=list)
+    """Linears whose name contains any of these strings stay in high precision, e.g. wk,wv."""
 
 
 @dataclass
@@ -196,6 +217,7 @@ class JobConfig:
     parallelism: Parallelism = field(default_factory=Parallelism)
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     compile: Compile = field(default_factory=Compile)
+    float8: Float8 = field(default_factory=Float8)
     metrics: Metrics = field(default_factory=Metrics)
     validation: Validation = field(default_factory=Validation)
     debug: Debug = field(default_factory=Debug)
