@@ -24,6 +24,7 @@ from torchtitan_like.components.loss import count_labelled_tokens, cross_entropy
 from torchtitan_like.components.lr_scheduler import LRSchedulersContainer
 from torchtitan_like.components.metrics import MetricsLogger, peak_tflops
 from torchtitan_like.components.optimizer import OptimizersContainer
+from torchtitan_like.components.profiling import Profiler
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.config.manager import ConfigError, parse_args
 from torchtitan_like.config.validate import grad_accumulation_steps, parallel_dims_of
@@ -100,6 +101,8 @@ class Trainer:
         self.autocast = dist_utils.maybe_autocast(
             self.parallel_dims.fsdp_enabled, compute_dtype, device
         )
+        self.profiler = Profiler(config.profiling, config.job.dump_folder, dist.get_rank(),
+                                 device, start_step=self.step)
         n_params = sum(p.numel() for part in self.model_parts for p in part.parameters())
         logger.info(
             f"{config.model.name} {config.model.flavor}: {self.model_args.num_params():,} "
@@ -172,6 +175,7 @@ class Trainer:
             self.metrics.add_step(tokens_per_step, time.perf_counter() - start)
             lr = self.lr_schedulers.last_lr
             loss, grad_norm = self.train_step(microbatches)
+            self.profiler.step(self.step)
 
             last = self.step == training.steps
             if self.step == 1 or self.step % self.config.metrics.log_freq == 0 or last:
@@ -180,6 +184,7 @@ class Trainer:
             if validation.enable and (self.step % validation.freq == 0 or last):
                 self.metrics.log_validation(self.step, self.validate())
         self.metrics.close()
+        self.profiler.close()
         folder, metrics = self.config.job.dump_folder, self.config.metrics
         tensorboard = f"{folder}/{metrics.save_tb_folder}"
         logger.info(f"done: metrics in {folder}/metrics.jsonl" + (

@@ -172,6 +172,30 @@ class Float8:
 
 
 @dataclass
+class Profiling:
+    enable_profiling: bool = False
+    """Write torch.profiler traces (one per rank) every profile_freq steps."""
+
+    save_traces_folder: str = "profile_traces"
+    """Trace folder, relative to dump_folder: iteration_<step>/rank<r>_trace.json."""
+
+    profile_freq: int = 10
+    """Profile the last profiler_active steps of every profile_freq steps."""
+
+    profiler_warmup: int = 3
+    """Steps traced but discarded before the active ones (the profiler's own warm-up)."""
+
+    profiler_active: int = 1
+    """Steps recorded in each trace."""
+
+    enable_memory_snapshot: bool = False
+    """CUDA only: record allocator history and dump a snapshot every profile_freq steps."""
+
+    save_memory_snapshot_folder: str = "memory_snapshot"
+    """Snapshot folder, relative to dump_folder; open the pickles at pytorch.org/memory_viz."""
+
+
+@dataclass
 class Metrics:
     log_freq: int = 10
     """Log (console, TensorBoard, metrics.jsonl) every this many steps; the first step always."""
@@ -218,6 +242,7 @@ class JobConfig:
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     compile: Compile = field(default_factory=Compile)
     float8: Float8 = field(default_factory=Float8)
+    profiling: Profiling = field(default_factory=Profiling)
     metrics: Metrics = field(default_factory=Metrics)
     validation: Validation = field(default_factory=Validation)
     debug: Debug = field(default_factory=Debug)

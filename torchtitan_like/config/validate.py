@@ -67,7 +67,7 @@ def _validate_numbers(config: JobConfig) -> None:
 
 
 def validate(config: JobConfig, world_size: int) -> None:
-    from torchtitan_like.components import float8
+    from torchtitan_like.components import float8, profiling
     from torchtitan_like.components.activation_checkpoint import every_nth_layer
     from torchtitan_like.components.data.sources import check_dataset_path
     from torchtitan_like.components.data.tokenizer import build_tokenizer
@@ -79,6 +79,7 @@ def validate(config: JobConfig, world_size: int) -> None:
     if ac.mode == "selective" and ac.selective_ac_option != "op":
         every_nth_layer(ac.selective_ac_option)
     float8.validate(config.float8, device_type())
+    profiling.validate(config.profiling, device_type())
     parallel_dims = parallel_dims_of(config, world_size)
     grad_accumulation_steps(config, parallel_dims.dp)
     _, args = model_spec_and_args(config)
