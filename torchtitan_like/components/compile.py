@@ -19,6 +19,7 @@ from torchtitan_like.config.job_config import Compile
 
 
 def apply_compile(blocks: nn.ModuleDict, config: Compile) -> None:
+    """Compile each block in place (after activation checkpointing wrapped it, before FSDP)."""
     if not (config.enable and "model" in config.components):
         return
     for block in blocks.values():
@@ -32,6 +33,10 @@ def maybe_compile_loss(loss_fn: Callable, config: Compile) -> Callable:
 
 
 def set_inductor_cache(config: Compile) -> None:
-    """Point inductor at a persistent cache folder, so repeat runs skip most compilation."""
+    """Point inductor at a persistent cache folder, so repeat runs skip most compilation.
+
+    The config wins over an inherited TORCHINDUCTOR_CACHE_DIR: inductor writes its default
+    into that variable on first use, so only an explicit assignment takes effect.
+    """
     if config.enable and config.cache_dir:
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(config.cache_dir))
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.abspath(config.cache_dir)
