@@ -178,15 +178,16 @@ class TPStyles(NamedTuple):
     prepare_input: type[PrepareModuleInput]
 
 
-def tp_styles(module: nn.Module) -> TPStyles:
+def tp_styles(module: nn.Module, device_type: str) -> TPStyles:
     """TP styles for ``module`` (e.g. a block's attention or feed-forward), after conversion.
 
-    When every linear inside ``module`` is a tensorwise float8 linear, torchao's float8 styles:
-    the sequence-parallel input is cast to float8 *before* TP's all-gather (half the bytes)
-    and the output gradient before its reduce-scatter. Otherwise (no float8, a row-wise
-    recipe, or a linear kept in high precision) the plain styles; converted linears then run
-    float8 on their local shards. Use ``prepare_input`` on the module and ``colwise`` /
-    ``rowwise`` on its linears, with the usual arguments.
+    When every linear inside ``module`` is a tensorwise float8 linear and the TP mesh is on
+    CUDA, torchao's float8 styles: the sequence-parallel input is cast to float8 *before* TP's
+    all-gather (half the bytes) and the output gradient before its reduce-scatter. Otherwise
+    the plain styles, and converted linears run float8 on their local shards: with no float8,
+    a row-wise recipe, a linear kept in high precision, or on CPU, where gloo cannot move
+    float8 tensors ("Invalid scalar type"). Use ``prepare_input`` on the module and
+    ``colwise`` / ``rowwise`` on its linears, with the usual arguments.
     """
     from torchao.float8.config import ScalingGranularity, ScalingType
     from torchao.float8.float8_linear import Float8Linear
@@ -206,6 +207,6 @@ def tp_styles(module: nn.Module) -> TPStyles:
                    for cast in casts)
 
     linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
-    if linears and all(tensorwise_dynamic(m) for m in linears):
+    if device_type == "cuda" and linears and all(tensorwise_dynamic(m) for m in linears):
         return TPStyles(Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput)
     return TPStyles(ColwiseParallel, RowwiseParallel, PrepareModuleInput)
