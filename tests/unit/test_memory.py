@@ -8,7 +8,7 @@ from torchtitan_like.components.memory import korthikanti_activation_bytes, meas
 from torchtitan_like.config.job_config import ActivationCheckpoint
 from torchtitan_like.models.llama3 import Llama3Args, Transformer
 
-ARGS = Llama3Args(dim=64, n_layers=4, n_heads=4, vocab_size=128, multiple_of=32, max_seq_len=32)
+ARGS = Llama3Args(dim=64, n_layers=2, n_heads=4, vocab_size=128, multiple_of=32, max_seq_len=32)
 BATCH, SEQ = 2, 32
 
 
