@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from torchtitan_like.components.checkpoint import CheckpointError, CheckpointManager
 from torchtitan_like.components.compile import maybe_compile_loss, set_inductor_cache
+from torchtitan_like.components.converters import build_converters
 from torchtitan_like.components.data.dataloader import build_dataloader
 from torchtitan_like.components.data.tokenizer import build_tokenizer
 from torchtitan_like.components.fault_injection import FaultInjector
@@ -27,6 +28,7 @@ from torchtitan_like.components.loss import count_labelled_tokens, cross_entropy
 from torchtitan_like.components.lr_scheduler import LRSchedulersContainer
 from torchtitan_like.components.metrics import MetricsLogger, peak_tflops
 from torchtitan_like.components.optimizer import OptimizersContainer
+from torchtitan_like.components.profiling import Profiler
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.config.manager import ConfigError, parse_args
 from torchtitan_like.config.validate import grad_accumulation_steps, parallel_dims_of
@@ -61,10 +63,12 @@ class Trainer:
         )
         self.grad_accumulation_steps = grad_accumulation_steps(config, self.parallel_dims.dp)
 
-        # 3-6. The plain model on meta, then the parallelization plan on it.
+        # 3-6. The plain model on meta, converters (Float8), then the parallelization plan.
         spec, self.model_args = model_spec_and_args(config)
         with torch.device("meta"):
             model = spec.model_cls(self.model_args).to(dist_utils.DTYPES[training.dtype])
+        self.converters = build_converters(config, self.parallel_dims, device.type)
+        self.converters.convert(model)
         self.model_parts = [spec.parallelize_fn(model, self.parallel_dims, self.meshes, config)]
 
         # 7. Materialise and initialise identically under every layout.
@@ -82,6 +86,7 @@ class Trainer:
         self.lr_schedulers = LRSchedulersContainer(
             self.optimizers, config.lr_scheduler, training.steps
         )
+        self.converters.register_optimizer_hooks(self.optimizers, self.model_parts)
         self.step = 0
         self.tokens_seen = 0
 
@@ -113,6 +118,8 @@ class Trainer:
             self.parallel_dims.fsdp_enabled, compute_dtype, device
         )
         self.train_context = dist_utils.train_context(self.parallel_dims.loss_parallel_enabled)
+        self.profiler = Profiler(config.profiling, config.job.dump_folder, dist.get_rank(),
+                                 device, start_step=self.step)
         n_params = dist_utils.local_numel(p for part in self.model_parts for p in part.parameters())
         logger.info(
             f"{config.model.name} {config.model.flavor}: {self.model_args.num_params():,} "
@@ -197,6 +204,7 @@ class Trainer:
             self.tokens_seen += tokens_per_step * self.parallel_dims.dp
             lr = self.lr_schedulers.last_lr
             loss, grad_norm = self.train_step(microbatches)
+            self.profiler.step(self.step)
 
             last = self.step == training.steps
             if self.step == 1 or self.step % self.config.metrics.log_freq == 0 or last:
@@ -208,6 +216,7 @@ class Trainer:
                 self.metrics.log_validation(self.step, self.validate())
         self.checkpointer.close()
         self.metrics.close()
+        self.profiler.close()
         folder, metrics = self.config.job.dump_folder, self.config.metrics
         tensorboard = f"{folder}/{metrics.save_tb_folder}"
         logger.info(f"done: metrics in {folder}/metrics.jsonl" + (

@@ -29,10 +29,15 @@ from torchtitan_like.config.manager import ConfigError
 
 _aten = torch.ops.aten
 # Outputs worth keeping: expensive to recompute (matmuls, attention) or to re-communicate.
+# Float8 linears (components/float8.py) multiply with _scaled_mm, and each float8 cast reduces
+# its operand to an amax (aten.max tensorwise, aten.amax rowwise): a full pass over it.
 SAVE_OPS = {
     _aten.mm.default,
     _aten.addmm.default,
     _aten.bmm.default,
+    _aten._scaled_mm.default,
+    _aten.max.default,
+    _aten.amax.default,
     _aten._scaled_dot_product_flash_attention.default,
     _aten._scaled_dot_product_flash_attention_for_cpu.default,
     _aten._scaled_dot_product_efficient_attention.default,

@@ -20,6 +20,7 @@ from torchtitan_like.distributed.parallel_dims import Meshes
 
 
 def apply_compile(blocks: nn.ModuleDict, config: Compile) -> None:
+    """Compile each block in place (after activation checkpointing wrapped it, before FSDP)."""
     if not (config.enable and "model" in config.components):
         return
     for block in blocks.values():

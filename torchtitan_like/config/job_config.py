@@ -156,7 +156,52 @@ class Compile:
     """What to compile: model (each transformer block) and/or loss."""
 
     cache_dir: str = ""
-    """Persistent inductor cache folder (TORCHINDUCTOR_CACHE_DIR); empty = torch's default."""
+    """Persistent inductor cache folder (sets TORCHINDUCTOR_CACHE_DIR); empty = torch's default."""
+
+
+@dataclass
+class Float8:
+    enable: bool = False
+    """Train the transformer blocks' linears in float8 (torchao); head, embeddings, norms stay."""
+
+    recipe_name: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"] = "tensorwise"
+    """Scales per tensor (fastest), per row, or per row with grad_weight kept in high precision."""
+
+    enable_fsdp_float8_all_gather: bool = False
+    """FSDP all-gathers weights in float8 (half the bf16 bytes); tensorwise recipe only."""
+
+    precompute_float8_dynamic_scale_for_fsdp: bool = False
+    """Compute all weight scales in one all-reduce after each optimizer step; needs the above."""
+
+    emulate: bool = False
+    """Emulate the float8 matmuls in high precision (any device; for numerics tests, not speed)."""
+
+    filter_fqns: list[str] = field(default_factory=list)
+    """Linears whose name contains any of these strings stay in high precision, e.g. wk,wv."""
+
+
+@dataclass
+class Profiling:
+    enable_profiling: bool = False
+    """Write torch.profiler traces (one per rank) every profile_freq steps."""
+
+    save_traces_folder: str = "profile_traces"
+    """Trace folder, relative to dump_folder: iteration_<step>/rank<r>_trace.json."""
+
+    profile_freq: int = 10
+    """Profile the last profiler_active steps of every profile_freq steps."""
+
+    profiler_warmup: int = 3
+    """Steps traced but discarded before the active ones (the profiler's own warm-up)."""
+
+    profiler_active: int = 1
+    """Steps recorded in each trace."""
+
+    enable_memory_snapshot: bool = False
+    """CUDA only: record allocator history and dump a snapshot every profile_freq steps."""
+
+    save_memory_snapshot_folder: str = "memory_snapshot"
+    """Snapshot folder, relative to dump_folder; open the pickles at pytorch.org/memory_viz."""
 
 
 @dataclass
@@ -256,6 +301,8 @@ class JobConfig:
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     compile: Compile = field(default_factory=Compile)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    float8: Float8 = field(default_factory=Float8)
+    profiling: Profiling = field(default_factory=Profiling)
     metrics: Metrics = field(default_factory=Metrics)
     validation: Validation = field(default_factory=Validation)
     debug: Debug = field(default_factory=Debug)

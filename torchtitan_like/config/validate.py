@@ -69,18 +69,22 @@ def _validate_numbers(config: JobConfig) -> None:
 
 
 def validate(config: JobConfig, world_size: int) -> None:
+    from torchtitan_like.components import float8, profiling
     from torchtitan_like.components.activation_checkpoint import every_nth_layer
     from torchtitan_like.components.checkpoint import validate_checkpoint
     from torchtitan_like.components.data.sources import check_dataset_path
     from torchtitan_like.components.data.tokenizer import build_tokenizer
     from torchtitan_like.components.fault_injection import validate_faults
     from torchtitan_like.distributed import tensor_parallel
+    from torchtitan_like.distributed.utils import device_type
     from torchtitan_like.models.registry import model_spec_and_args
 
     _validate_numbers(config)
     ac = config.activation_checkpoint
     if ac.mode == "selective" and ac.selective_ac_option != "op":
         every_nth_layer(ac.selective_ac_option)
+    float8.validate(config.float8, device_type())
+    profiling.validate(config.profiling, device_type())
     parallel_dims = parallel_dims_of(config, world_size)
     grad_accumulation_steps(config, parallel_dims.dp)
     tensor_parallel.validate(config, parallel_dims)

@@ -1,0 +1,212 @@
+"""Float8 training of the transformer blocks' linears, with torchao.
+
+A converted linear computes ``y = x W^T`` as
+
+    y = (s_x x)_fp8 (s_W W)_fp8^T / (s_x s_W),    s_t = fp8_max / amax(|t|)
+
+i.e. each operand is scaled into float8's range, rounded to float8, multiplied by
+``torch._scaled_mm`` with fp32 accumulation, and un-scaled; the backward's two matmuls do the
+same with the output gradient (Micikevicius et al., "FP8 Formats for Deep Learning", 2022).
+The scales are dynamic (from the current tensor) and come per tensor (``tensorwise``, the
+fastest), per row (``rowwise``, more accurate, e4m3 throughout, power-of-two scales), or per
+row with the weight-gradient matmul kept in high precision (``rowwise_with_gw_hp``). The
+master weights, the optimizer and everything outside the converted matmuls stay as they were.
+
+Scope. Only linears inside the model's blocks (the ``nn.ModuleList``/``nn.ModuleDict``
+children of the root, ``layers`` in Llama) are converted: the output head, the embeddings and
+the norms keep full precision, as in DeepSeek-V3's recipe, because the loss is most sensitive
+to them and they carry a small share of the FLOPs. Also kept: linears whose name contains an
+entry of ``filter_fqns``, and linears whose dimensions are not multiples of 16 (what
+``_scaled_mm`` accepts); each skip is logged.
+
+FSDP. With ``enable_fsdp_float8_all_gather`` each rank casts its weight shard to float8
+*before* the all-gather, halving its bytes against bf16; the one scale of the whole weight
+needs amax over all shards, which ``precompute_float8_dynamic_scale_for_fsdp`` computes for
+every weight in a single all-reduce right after the optimizer step (``post_optimizer_step``)
+instead of one small all-reduce per weight in the next forward.
+
+Hardware. Float8 matmuls need CUDA compute capability 8.9 or newer (Ada, Hopper, Blackwell);
+``emulate = true`` replaces them by high-precision matmuls of the float8-rounded operands and
+runs anywhere, for numerics tests. On a CPU both modes run: torch's CPU ``_scaled_mm`` takes
+real float8 operands, measured here at the speed of emulation (neither is faster than bf16).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
+
+from torchtitan_like.config.job_config import Float8 as Float8Config
+from torchtitan_like.config.manager import ConfigError
+from torchtitan_like.logging import logger
+
+if TYPE_CHECKING:
+    from torchtitan_like.distributed.parallel_dims import ParallelDims
+
+MIN_CUDA_CAPABILITY = (8, 9)
+"""Float8 tensor cores: Ada (8.9), Hopper (9.0) and newer."""
+
+FP8_DIM_MULTIPLE = 16
+"""``torch._scaled_mm`` needs both dimensions of the weight to be multiples of this."""
+
+
+def validate(config: Float8Config, device_type: str) -> None:
+    """Refuse flag combinations torchao cannot run, and GPUs without float8 matmuls."""
+    if not config.enable:
+        return
+    if config.enable_fsdp_float8_all_gather and config.recipe_name != "tensorwise":
+        raise ConfigError(
+            f'[float8] enable_fsdp_float8_all_gather needs recipe_name = "tensorwise", not '
+            f'"{config.recipe_name}": torchao casts each weight shard with one scale for the '
+            "whole weight before the all-gather, which row-wise scales do not allow. Set "
+            "enable_fsdp_float8_all_gather = false or use the tensorwise recipe"
+        )
+    if config.precompute_float8_dynamic_scale_for_fsdp and not config.enable_fsdp_float8_all_gather:
+        raise ConfigError(
+            "[float8] precompute_float8_dynamic_scale_for_fsdp precomputes the scales of the "
+            "float8 all-gather: set enable_fsdp_float8_all_gather = true as well, or turn it off"
+        )
+    if device_type == "cuda" and not torch.version.hip:  # ROCm: _scaled_mm checks the GPU itself
+        index = int(os.environ.get("LOCAL_RANK", 0))
+        check_cuda_capability(
+            config, torch.cuda.get_device_name(index), torch.cuda.get_device_capability(index)
+        )
+
+
+def check_cuda_capability(config: Float8Config, gpu: str, capability: tuple[int, int]) -> None:
+    """ConfigError when real float8 matmuls are asked of a GPU older than SM 8.9."""
+    if config.enable and not config.emulate and tuple(capability) < MIN_CUDA_CAPABILITY:
+        need = ".".join(map(str, MIN_CUDA_CAPABILITY))
+        raise ConfigError(
+            f"[float8] enable: float8 matmuls need CUDA compute capability >= {need} (Ada, "
+            f"Hopper or newer), but this GPU, {gpu}, has {capability[0]}.{capability[1]}. "
+            "Set [float8] emulate = true to check float8 numerics here (no speed-up), or "
+            "[float8] enable = false"
+        )
+
+
+@dataclasses.dataclass
+class Float8Selection:
+    """Which linears of a model get float8, and why the others do not."""
+
+    converted: list[str]
+    skipped: dict[str, str]  # fqn -> reason
+
+
+def select_linears(model: nn.Module, filter_fqns: list[str]) -> Float8Selection:
+    """Split the model's ``nn.Linear`` modules into those to convert and the skipped ones."""
+    block_containers = {
+        name for name, child in model.named_children()
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict))
+    }
+    selection = Float8Selection(converted=[], skipped={})
+    for fqn, module in model.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        out_features, in_features = module.weight.shape
+        if fqn.split(".")[0] not in block_containers:
+            selection.skipped[fqn] = "outside the transformer blocks"
+        elif matched := [f for f in filter_fqns if f in fqn]:
+            selection.skipped[fqn] = f"filter_fqns {matched}"
+        elif in_features % FP8_DIM_MULTIPLE or out_features % FP8_DIM_MULTIPLE:
+            selection.skipped[fqn] = (f"shape {out_features}x{in_features} is not a multiple of "
+                                      f"{FP8_DIM_MULTIPLE}")
+        else:
+            selection.converted.append(fqn)
+    return selection
+
+
+class Float8Converter:
+    """Model converter (components/converters.py): float8 linears, FSDP scale precompute."""
+
+    def __init__(self, config: Float8Config, parallel_dims: ParallelDims, device_type: str,
+                 compile_enabled: bool):
+        from torchao.float8 import Float8LinearConfig
+
+        fsdp = parallel_dims.fsdp_enabled
+        if config.enable_fsdp_float8_all_gather and not fsdp:
+            logger.warning("[float8] enable_fsdp_float8_all_gather and precompute have no effect "
+                           "without FSDP (one data-parallel rank): weights stay in bf16/fp32")
+        if device_type == "cuda" and not compile_enabled and not config.emulate:
+            logger.warning("[float8] without [compile] enable the float8 casts run unfused and "
+                           "float8 is usually slower than bf16; enable torch.compile")
+        self.config = config
+        self.all_gather = config.enable_fsdp_float8_all_gather and fsdp
+        self.precompute = config.precompute_float8_dynamic_scale_for_fsdp and self.all_gather
+        self.torchao_config = dataclasses.replace(
+            Float8LinearConfig.from_recipe_name(config.recipe_name),
+            emulate=config.emulate,
+            enable_fsdp_float8_all_gather=self.all_gather,
+        )
+
+    def convert(self, model: nn.Module) -> None:
+        """Swap the selected ``nn.Linear`` for torchao ``Float8Linear`` in place (on meta)."""
+        from torchao.float8 import convert_to_float8_training
+
+        selection = select_linears(model, self.config.filter_fqns)
+        chosen = set(selection.converted)
+        convert_to_float8_training(model, config=self.torchao_config,
+                                   module_filter_fn=lambda _module, fqn: fqn in chosen)
+        mode = "emulated" if self.config.emulate else "torch._scaled_mm"
+        logger.info(
+            f"float8 ({self.config.recipe_name}, {mode}, FSDP float8 all-gather "
+            f"{'on' if self.all_gather else 'off'}): {len(chosen)} linears converted"
+        )
+        if not chosen:
+            logger.warning("float8: no linear qualifies, the model trains in high precision")
+        for fqn, reason in selection.skipped.items():
+            logger.info(f"float8: kept {fqn} in high precision ({reason})")
+
+    def post_optimizer_step(self, model: nn.Module) -> None:
+        """Recompute the float8 all-gather scales of the updated weights in one all-reduce."""
+        if self.precompute:
+            from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+            precompute_float8_dynamic_scale_for_fsdp(model)
+
+
+class TPStyles(NamedTuple):
+    """The tensor-parallel style classes for the linears of one module."""
+
+    colwise: type[ColwiseParallel]
+    rowwise: type[RowwiseParallel]
+    prepare_input: type[PrepareModuleInput]
+
+
+def tp_styles(module: nn.Module, device_type: str) -> TPStyles:
+    """TP styles for ``module`` (e.g. a block's attention or feed-forward), after conversion.
+
+    When every linear inside ``module`` is a tensorwise float8 linear and the TP mesh is on
+    CUDA, torchao's float8 styles: the sequence-parallel input is cast to float8 *before* TP's
+    all-gather (half the bytes) and the output gradient before its reduce-scatter. Otherwise
+    the plain styles, and converted linears run float8 on their local shards: with no float8,
+    a row-wise recipe, a linear kept in high precision, or on CPU, where gloo cannot move
+    float8 tensors ("Invalid scalar type"). Use ``prepare_input`` on the module and
+    ``colwise`` / ``rowwise`` on its linears, with the usual arguments.
+    """
+    from torchao.float8.config import ScalingGranularity, ScalingType
+    from torchao.float8.float8_linear import Float8Linear
+    from torchao.float8.float8_tensor_parallel import (
+        Float8ColwiseParallel,
+        Float8RowwiseParallel,
+        PrepareFloat8ModuleInput,
+    )
+
+    def tensorwise_dynamic(linear: nn.Module) -> bool:
+        if not isinstance(linear, Float8Linear):
+            return False
+        c = linear.config
+        casts = (c.cast_config_input, c.cast_config_weight, c.cast_config_grad_output)
+        return all(cast.scaling_type is ScalingType.DYNAMIC
+                   and cast.scaling_granularity is ScalingGranularity.TENSORWISE
+                   for cast in casts)
+
+    linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
+    if device_type == "cuda" and linears and all(tensorwise_dynamic(m) for m in linears):
+        return TPStyles(Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput)
+    return TPStyles(ColwiseParallel, RowwiseParallel, PrepareModuleInput)
