@@ -24,7 +24,7 @@ AC = {
     "ac_selective_every2": ["--activation_checkpoint.mode", "selective",
                             "--activation_checkpoint.selective_ac_option", "2"],
 }
-# With tensor parallelism: "compile_tp": [*on, "--parallelism.tensor_parallel_degree", "2"].
+# Compiled blocks under FSDP=2 x TP=2: tests/parallel/test_tensor_parallel.py (fsdp2_tp2_compile).
 COMPILE = {
     "compile_fsdp": ["--compile.enable", "true"],
 }

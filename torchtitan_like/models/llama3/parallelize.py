@@ -8,12 +8,12 @@ goes through this same plan.
 
 from __future__ import annotations
 
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
-    PrepareModuleInput,
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
@@ -22,6 +22,7 @@ from torch.distributed.tensor.parallel import (
 
 from torchtitan_like.components.activation_checkpoint import apply_ac
 from torchtitan_like.components.compile import apply_compile
+from torchtitan_like.components.float8 import tp_styles
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.distributed.fsdp import apply_fsdp, reshard_after_forward
 from torchtitan_like.distributed.parallel_dims import Meshes, ParallelDims
@@ -77,7 +78,7 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, loss_parallel: bool) ->
         )
     parallelize_module(model, tp_mesh, edges)
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, _block_plan())
+        parallelize_module(block, tp_mesh, _block_plan(block, tp_mesh.device_type))
     if model.tok_embeddings is not None:
         materialise_output(model.tok_embeddings)  # before it reaches a compiled block
         if model.norm is not None and model.args.tie_word_embeddings:
@@ -95,21 +96,23 @@ def _shard_tied_head(model: Transformer, tp_mesh: DeviceMesh, loss_parallel: boo
         model.register_forward_hook(lambda _module, _args, logits: logits.full_tensor())
 
 
-def _block_plan() -> dict[str, ParallelStyle]:
+def _block_plan(block: nn.Module, device_type: str) -> dict[str, ParallelStyle]:
     """One transformer block: SP norms, then all-gather -> column-wise -> row-wise ->
-    reduce-scatter around attention and around the feed-forward."""
+    reduce-scatter around attention and around the feed-forward (with torchao's float8
+    styles where the linears were converted to float8, components/float8.py)."""
+    attn, ffn = tp_styles(block.attention, device_type), tp_styles(block.feed_forward, device_type)
     return {
         "attention_norm": SequenceParallel(),
-        "attention": PrepareModuleInput(input_layouts=(Shard(1), None),  # (x, rope)
+        "attention": attn.prepare_input(input_layouts=(Shard(1), None),  # (x, rope)
                                         desired_input_layouts=(Replicate(), None)),
-        "attention.wq": ColwiseParallel(),
-        "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(),
-        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "attention.wq": attn.colwise(),
+        "attention.wk": attn.colwise(),
+        "attention.wv": attn.colwise(),
+        "attention.wo": attn.rowwise(output_layouts=Shard(1)),
         "ffn_norm": SequenceParallel(),
-        "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
-                                           desired_input_layouts=(Replicate(),)),
-        "feed_forward.w1": ColwiseParallel(),
-        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-        "feed_forward.w3": ColwiseParallel(),
+        "feed_forward": ffn.prepare_input(input_layouts=(Shard(1),),
+                                          desired_input_layouts=(Replicate(),)),
+        "feed_forward.w1": ffn.colwise(),
+        "feed_forward.w2": ffn.rowwise(output_layouts=Shard(1)),
+        "feed_forward.w3": ffn.colwise(),
     }
