@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from torchtitan_like.components.memory import measure_step_memory
+from torchtitan_like.components.memory import TOTAL, measure_train_step
 from torchtitan_like.components.metrics import peak_tflops
 from torchtitan_like.config.manager import parse_args
 from torchtitan_like.distributed.utils import DTYPES, init_distributed
@@ -46,20 +46,6 @@ DEFAULT_VARIANTS = {
 GiB = 2**30
 
 
-def cpu_step_memory(trainer: Trainer) -> int:
-    """Peak bytes of one more training step (first microbatch), tracked by MemTracker."""
-    (model,) = trainer.model_parts
-    inputs, labels = next(iter(trainer.dataloader))
-
-    def forward() -> torch.Tensor:
-        with trainer.autocast:
-            return trainer.loss_fn(model(inputs), labels) / labels.numel()
-
-    memory = measure_step_memory(model, forward, device=trainer.device,
-                                 optimizer=trainer.optimizers.optimizers[0])
-    return memory.peak_total
-
-
 def run_variant(argv: list[str], device: torch.device, folder: Path) -> dict:
     config = parse_args([*argv, "--job.dump_folder", str(folder)], dist.get_world_size())
     if device.type == "cuda":
@@ -71,7 +57,7 @@ def run_variant(argv: list[str], device: torch.device, folder: Path) -> dict:
     elif config.compile.enable:
         peak = float("nan")
     else:
-        peak = float(cpu_step_memory(trainer))
+        peak = float(measure_train_step(trainer)[TOTAL])
     del trainer
     gc.collect()
     peak_tensor = torch.tensor(peak, device=device)

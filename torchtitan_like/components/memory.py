@@ -1,6 +1,8 @@
 """Measured and modelled activation memory, for the benchmarks and the planner.
 
-``measure_step_memory`` runs one forward/backward (optionally the optimizer step) under
+``measure_train_step`` tracks one real step of a Trainer (every model part, gradient
+accumulation, the optimizer): what a layout costs per rank. ``measure_step_memory`` runs one
+forward/backward (optionally the optimizer step) under
 ``torch.distributed._tools.mem_tracker.MemTracker``, a dispatch mode that sees every tensor
 storage and files it as Parameter, Buffer, Gradient, Activation, Temp (backward scratch),
 Optstate or Other. That works on CPU, where neither RSS nor tracemalloc see torch's
@@ -25,10 +27,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
+
+if TYPE_CHECKING:
+    from torchtitan_like.train import Trainer
 
 TOTAL = "Total"
 """The key of the sum over categories in a MemTracker snapshot."""
@@ -134,3 +140,35 @@ def korthikanti_activation_bytes(
     per_layer = {"none": none, "selective": 34 * sbh,
                  "full": 2 * sbh / every + none * (1 - 1 / every)}[mode]
     return per_layer * bytes_per_element / 2
+
+
+def measure_train_step(trainer: Trainer) -> dict[str, int]:
+    """Peak bytes of one steady-state training step on this rank, by MemTracker category
+    (Parameter, Gradient, Optstate, Activation, Temp, Buffer, Other) plus ``Total``.
+
+    A first, untracked step creates the optimizer states (AdamW allocates them lazily), so the
+    measured step is what every later step costs.
+    """
+    data = iter(trainer.dataloader)
+
+    def step() -> None:
+        trainer.train_step([next(data) for _ in range(trainer.grad_accumulation_steps)])
+
+    step()
+    tracker = MemTracker()
+    tracker.track_external(*trainer.model_parts, *trainer.optimizers.optimizers)
+    # MemTracker refuses a second forward of a root module (gradient accumulation) unless its
+    # per-module statistics are reset; the peak it keeps survives the reset.
+    forward_backward = trainer.forward_backward
+
+    def microbatch(*args):
+        tracker.reset_mod_stats()
+        return forward_backward(*args)
+
+    trainer.forward_backward = microbatch
+    try:
+        with tracker:
+            step()
+    finally:
+        del trainer.forward_backward
+    return _by_category(tracker.get_tracker_snapshot("peak"), trainer.device)

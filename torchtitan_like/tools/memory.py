@@ -1,13 +1,8 @@
-"""Measure the peak tensor memory of one training step with PyTorch's MemTracker.
+"""Measure the peak tensor memory of training steps, to validate the planner.
 
-``torch.distributed._tools.mem_tracker.MemTracker`` is a dispatch mode that sees every tensor
-storage created or freed inside it (parameters, gradients, optimizer states, activations,
-temporaries), on any device; it is the only way to see activation memory on a CPU, where
-allocator statistics do not exist and RSS/tracemalloc miss tensor storages. Under FSDP/TP it
-counts each rank's local shards and its all-gathered buffers.
-
-Used to validate the planner (scripts/validate_plan_memory.py, tests/parallel/
-test_plan_memory.py). As a torchrun entry point it builds the trainer of each case of a JSON
+The measurement is components/memory.py's ``measure_train_step`` (MemTracker over one real
+step of the trainer), used by scripts/validate_plan_memory.py and tests/parallel/
+test_plan_memory.py. As a torchrun entry point it builds the trainer of each case of a JSON
 file ({name: [overrides]}) in turn, in one process group, and writes each rank's peak, by
 category, to a JSON file:
 
@@ -24,42 +19,9 @@ import sys
 from pathlib import Path
 
 import torch.distributed as dist
-from torch.distributed._tools.mem_tracker import MemTracker
 
+from torchtitan_like.components.memory import measure_train_step
 from torchtitan_like.train import Trainer
-
-
-def measure_step_memory(trainer: Trainer) -> dict[str, int]:
-    """Peak bytes of one steady-state training step on this rank, by MemTracker category
-    (Parameter, Gradient, Optstate, Activation, Temp, Buffer, Other) plus ``Total``.
-
-    A first, untracked step creates the optimizer states (AdamW allocates them lazily), so the
-    measured step is what every later step costs.
-    """
-    data = iter(trainer.dataloader)
-
-    def step() -> None:
-        trainer.train_step([next(data) for _ in range(trainer.grad_accumulation_steps)])
-
-    step()
-    tracker = MemTracker()
-    tracker.track_external(*trainer.model_parts, *trainer.optimizers.optimizers)
-    # MemTracker refuses a second forward of a root module (gradient accumulation) unless its
-    # per-module statistics are reset; the peak it keeps survives the reset.
-    forward_backward = trainer.forward_backward
-
-    def microbatch(*args):
-        tracker.reset_mod_stats()
-        return forward_backward(*args)
-
-    trainer.forward_backward = microbatch
-    try:
-        with tracker:
-            step()
-    finally:
-        del trainer.forward_backward
-    peak = tracker.get_tracker_snapshot("peak")[trainer.device]
-    return {str(getattr(key, "value", key)): int(value) for key, value in peak.items()}
 
 
 def main(argv: list[str]) -> None:
@@ -73,7 +35,7 @@ def main(argv: list[str]) -> None:
     device = init_distributed()
     results = {}
     for name, overrides in cases.items():
-        peak = measure_step_memory(Trainer(parse_args(overrides, world_size), device))
+        peak = measure_train_step(Trainer(parse_args(overrides, world_size), device))
         gathered: list[dict[str, int] | None] = [None] * world_size
         dist.all_gather_object(gathered, peak)
         results[name] = gathered
