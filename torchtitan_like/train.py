@@ -145,7 +145,7 @@ class Trainer:
                          global_tokens: torch.Tensor) -> torch.Tensor:
         """One microbatch; returns its share of the step's global mean loss."""
         (model,) = self.model_parts
-        with self.train_context(inputs, labels):
+        with self.train_context(inputs, labels):  # under CP: shards inputs and labels in place
             with self.autocast:
                 loss = self.loss_fn(model(inputs), labels) / global_tokens
             loss.backward()
