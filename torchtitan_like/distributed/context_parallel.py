@@ -62,6 +62,7 @@ from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.config.manager import ConfigError
 from torchtitan_like.distributed import cp_cpu_sdpa
 from torchtitan_like.distributed.parallel_dims import ParallelDims
+from torchtitan_like.distributed.utils import device_type
 
 if TYPE_CHECKING:
     from torchtitan_like.models.registry import ModelSpec
@@ -103,7 +104,7 @@ def validate(config: JobConfig, parallel_dims: ParallelDims, model_supports_cp: 
             "have to shard each stage's inputs and RoPE table inside the schedule; untested); "
             "use one of the two"
         )
-    if not torch.cuda.is_available() and (reason := cp_cpu_sdpa.check_supported()):
+    if device_type() == "cpu" and (reason := cp_cpu_sdpa.check_supported()):
         raise ConfigError(f"{degree}: {reason}")
 
 
