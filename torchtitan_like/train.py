@@ -32,6 +32,7 @@ from torchtitan_like.components.profiling import Profiler
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.config.manager import ConfigError, parse_args
 from torchtitan_like.config.validate import grad_accumulation_steps, parallel_dims_of
+from torchtitan_like.distributed import context_parallel
 from torchtitan_like.distributed import utils as dist_utils
 from torchtitan_like.logging import init_logger, logger
 from torchtitan_like.models.registry import model_spec_and_args
@@ -117,7 +118,12 @@ class Trainer:
         self.autocast = dist_utils.maybe_autocast(
             self.parallel_dims.fsdp_enabled, compute_dtype, device
         )
-        self.train_context = dist_utils.train_context(self.parallel_dims.loss_parallel_enabled)
+        self.train_context = dist_utils.train_context(
+            self.parallel_dims.loss_parallel_enabled,
+            context_parallel.build_context(
+                self.parallel_dims, self.meshes.cp, config, spec, self.model_parts
+            ),
+        )
         self.profiler = Profiler(config.profiling, config.job.dump_folder, dist.get_rank(),
                                  device, start_step=self.step)
         n_params = dist_utils.local_numel(p for part in self.model_parts for p in part.parameters())
@@ -139,7 +145,7 @@ class Trainer:
                          global_tokens: torch.Tensor) -> torch.Tensor:
         """One microbatch; returns its share of the step's global mean loss."""
         (model,) = self.model_parts
-        with self.train_context():
+        with self.train_context(inputs, labels):  # under CP: shards inputs and labels in place
             with self.autocast:
                 loss = self.loss_fn(model(inputs), labels) / global_tokens
             loss.backward()
@@ -180,9 +186,9 @@ class Trainer:
         tokens = torch.zeros((), device=self.device, dtype=torch.long)
         for inputs, labels in itertools.islice(batches, self.config.validation.steps):
             inputs, labels = inputs.to(self.device), labels.to(self.device)
-            with self.train_context(), self.autocast:
+            tokens += count_labelled_tokens(labels)  # before CP shards the labels
+            with self.train_context(inputs, labels), self.autocast:
                 loss_sum += self.loss_fn(model(inputs), labels)
-            tokens += count_labelled_tokens(labels)
         model.train()
         loss_sum = dist_utils.all_reduce_sum(loss_sum, self.meshes.dp_cp)
         return (loss_sum / dist_utils.all_reduce_sum(tokens, self.meshes.dp)).item()

@@ -3,7 +3,13 @@
 
 import dataclasses
 
-from torchtitan_like.models.llama3 import Llama3Args, Transformer, llama3_flavors, parallelize_llama
+from torchtitan_like.models.llama3 import (
+    Llama3Args,
+    Transformer,
+    context_parallel_buffers,
+    llama3_flavors,
+    parallelize_llama,
+)
 from torchtitan_like.models.registry import ModelSpec, register_model
 
 TIED: dict[str, Llama3Args] = {
@@ -11,4 +17,5 @@ TIED: dict[str, Llama3Args] = {
 }
 
 register_model(ModelSpec(name="llama3_tied", model_cls=Transformer, flavors=TIED,
-                         parallelize_fn=parallelize_llama))
+                         parallelize_fn=parallelize_llama,
+                         context_parallel_buffers=context_parallel_buffers))

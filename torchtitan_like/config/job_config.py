@@ -137,6 +137,15 @@ class Parallelism:
     enable_async_tensor_parallel: bool = False
     """Overlap TP's all-gather/reduce-scatter with the matmuls (CUDA + compile.enable only)."""
 
+    context_parallel_degree: int = 1
+    """Ranks splitting every sequence (ring attention, for long contexts); 1 = off."""
+
+    context_parallel_rotate_method: Literal["allgather", "alltoall"] = "allgather"
+    """How ring attention passes K/V between CP ranks: one all-gather, or a shift per step."""
+
+    context_parallel_load_balancer: Literal["headtail", "none"] = "headtail"
+    """CP layout: headtail (rank r holds chunks r and 2cp-1-r, equal causal work) or none."""
+
 
 @dataclass
 class ActivationCheckpoint:

@@ -23,6 +23,7 @@ def parallel_dims_of(config: JobConfig, world_size: int):
         world_size,
         dp_replicate=p.data_parallel_replicate_degree,
         dp_shard=p.data_parallel_shard_degree,
+        cp=p.context_parallel_degree,
         tp=p.tensor_parallel_degree,
         enable_loss_parallel=not p.disable_loss_parallel,
     )
@@ -75,7 +76,7 @@ def validate(config: JobConfig, world_size: int) -> None:
     from torchtitan_like.components.data.sources import check_dataset_path
     from torchtitan_like.components.data.tokenizer import build_tokenizer
     from torchtitan_like.components.fault_injection import validate_faults
-    from torchtitan_like.distributed import tensor_parallel
+    from torchtitan_like.distributed import context_parallel, tensor_parallel
     from torchtitan_like.distributed.utils import device_type
     from torchtitan_like.models.registry import model_spec_and_args
 
@@ -88,7 +89,8 @@ def validate(config: JobConfig, world_size: int) -> None:
     parallel_dims = parallel_dims_of(config, world_size)
     grad_accumulation_steps(config, parallel_dims.dp)
     tensor_parallel.validate(config, parallel_dims)
-    _, args = model_spec_and_args(config)
+    spec, args = model_spec_and_args(config)
+    context_parallel.validate(config, parallel_dims, spec.context_parallel_buffers is not None)
     args.validate(config, parallel_dims)
 
     tokenizer = build_tokenizer(config.model.tokenizer_path)

@@ -88,6 +88,10 @@ class ParallelDims:
         return self.tp > 1
 
     @property
+    def cp_enabled(self) -> bool:
+        return self.cp > 1
+
+    @property
     def loss_parallel_enabled(self) -> bool:
         """Cross-entropy on vocab-sharded logits: on by default whenever TP is."""
         return self.tp_enabled and self.enable_loss_parallel

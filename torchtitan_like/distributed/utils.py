@@ -96,16 +96,25 @@ def init_weights(
         set_model_state_dict(part, own, options=StateDictOptions(full_state_dict=True))
 
 
-def train_context(loss_parallel: bool) -> Callable[[], contextlib.AbstractContextManager]:
-    """The context every forward + backward (and validation forward) runs in, built once.
+def train_context(
+    loss_parallel: bool,
+    context_parallel: Callable[[torch.Tensor, torch.Tensor],
+                               contextlib.AbstractContextManager] | None = None,
+) -> Callable[[torch.Tensor, torch.Tensor], contextlib.AbstractContextManager]:
+    """The context every forward + backward (and validation forward) runs in, built once and
+    entered per microbatch with its ``(inputs, labels)``.
 
-    Loss parallel (vocab-sharded cross-entropy under TP) must cover the loss's forward and its
-    backward. Further job-wide contexts join here, so the trainer enters exactly one.
+    Context parallel (distributed/context_parallel.py) shards the microbatch along the sequence
+    and swaps attention for ring attention, for forward and backward. Loss parallel
+    (vocab-sharded cross-entropy under TP) must cover the loss's forward and its backward.
+    Further job-wide contexts join here, so the trainer enters exactly one.
     """
 
     @contextlib.contextmanager
-    def context():
+    def context(inputs: torch.Tensor, labels: torch.Tensor):
         with contextlib.ExitStack() as stack:
+            if context_parallel is not None:
+                stack.enter_context(context_parallel(inputs, labels))
             if loss_parallel:
                 stack.enter_context(torch.distributed.tensor.parallel.loss_parallel())
             yield

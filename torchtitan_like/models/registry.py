@@ -81,6 +81,12 @@ class ModelSpec:
     hf_adapter: Callable[[Any], HFAdapter] | None = None
     """Builds the HuggingFace converter for a flavor's args; None = no HF interop."""
 
+    context_parallel_buffers: Callable[[nn.Module], list[tuple[torch.Tensor, int]]] | None = None
+    """A model part's buffers laid out along the sequence, as (buffer, its sequence dim), that
+    context parallelism shards beside the tokens (e.g. the RoPE table); None = this model
+    cannot run under context parallelism (its attention is not causal SDPA, or its positions
+    are not such a buffer)."""
+
 
 _REGISTRY: dict[str, ModelSpec] = {}
 

@@ -1,7 +1,7 @@
 from torchtitan_like.models.llama3.args import Llama3Args, llama3_flavors
 from torchtitan_like.models.llama3.hf_adapter import Llama3HFAdapter
 from torchtitan_like.models.llama3.model import Transformer
-from torchtitan_like.models.llama3.parallelize import parallelize_llama
+from torchtitan_like.models.llama3.parallelize import context_parallel_buffers, parallelize_llama
 from torchtitan_like.models.registry import ModelSpec, register_model
 
 register_model(
@@ -11,7 +11,9 @@ register_model(
         flavors=llama3_flavors,
         parallelize_fn=parallelize_llama,
         hf_adapter=Llama3HFAdapter,
+        context_parallel_buffers=context_parallel_buffers,
     )
 )
 
-__all__ = ["Llama3Args", "Llama3HFAdapter", "Transformer", "llama3_flavors", "parallelize_llama"]
+__all__ = ["Llama3Args", "Llama3HFAdapter", "Transformer", "context_parallel_buffers",
+           "llama3_flavors", "parallelize_llama"]

@@ -8,6 +8,7 @@ goes through this same plan.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
@@ -37,6 +38,8 @@ def parallelize_llama(
     if parallel_dims.tp_enabled:
         apply_tp(model, meshes.tp, loss_parallel=parallel_dims.loss_parallel_enabled)
         maybe_enable_async_tp(config.parallelism.enable_async_tensor_parallel, meshes.tp)
+    # Context parallel changes no module: the trainer's train_context shards each microbatch
+    # and the RoPE table (context_parallel_buffers) and swaps SDPA for ring attention.
     apply_ac(model.layers, config.activation_checkpoint)
     apply_compile(model.layers, config.compile)
     if parallel_dims.fsdp_enabled:
@@ -55,6 +58,12 @@ def parallelize_llama(
             ),
         )
     return model
+
+
+def context_parallel_buffers(model: Transformer) -> list[tuple[torch.Tensor, int]]:
+    """What CP shards beside the tokens: the RoPE table, (seq_len, 2 * head_dim), by rows, so
+    each rank rotates its tokens by their global positions (distributed/context_parallel.py)."""
+    return [(model.rope_cache, 0)]
 
 
 def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, loss_parallel: bool) -> None:
