@@ -23,6 +23,7 @@ def parallel_dims_of(config: JobConfig, world_size: int):
         world_size,
         dp_replicate=p.data_parallel_replicate_degree,
         dp_shard=p.data_parallel_shard_degree,
+        pp=p.pipeline_parallel_degree,
     )
 
 
@@ -70,6 +71,7 @@ def validate(config: JobConfig, world_size: int) -> None:
     from torchtitan_like.components.activation_checkpoint import every_nth_layer
     from torchtitan_like.components.data.sources import check_dataset_path
     from torchtitan_like.components.data.tokenizer import build_tokenizer
+    from torchtitan_like.distributed.pipeline import validate_pipeline
     from torchtitan_like.models.registry import model_spec_and_args
 
     _validate_numbers(config)
@@ -78,7 +80,12 @@ def validate(config: JobConfig, world_size: int) -> None:
         every_nth_layer(ac.selective_ac_option)
     parallel_dims = parallel_dims_of(config, world_size)
     grad_accumulation_steps(config, parallel_dims.dp)
-    _, args = model_spec_and_args(config)
+    spec, args = model_spec_and_args(config)
+    if parallel_dims.pp > 1:
+        _require(spec.pipelining_fn is not None,
+                 f"[model] name {spec.name!r} has no pipeline split (ModelSpec.pipelining_fn); "
+                 "set [parallelism] pipeline_parallel_degree = 1")
+        validate_pipeline(config)
     args.validate(config, parallel_dims)
 
     tokenizer = build_tokenizer(config.model.tokenizer_path)

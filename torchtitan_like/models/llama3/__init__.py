@@ -1,6 +1,7 @@
 from torchtitan_like.models.llama3.args import Llama3Args, llama3_flavors
 from torchtitan_like.models.llama3.model import Transformer
 from torchtitan_like.models.llama3.parallelize import parallelize_llama
+from torchtitan_like.models.llama3.pipeline import pipeline_llama
 from torchtitan_like.models.registry import ModelSpec, register_model
 
 register_model(
@@ -9,7 +10,8 @@ register_model(
         model_cls=Transformer,
         flavors=llama3_flavors,
         parallelize_fn=parallelize_llama,
+        pipelining_fn=pipeline_llama,
     )
 )
 
-__all__ = ["Llama3Args", "Transformer", "llama3_flavors", "parallelize_llama"]
+__all__ = ["Llama3Args", "Transformer", "llama3_flavors", "parallelize_llama", "pipeline_llama"]

@@ -68,6 +68,16 @@ class Llama3Args(BaseModelArgs):
         if self.n_heads % self.kv_heads:
             raise ConfigError(f"{flavor}: n_heads {self.n_heads} must be a multiple of "
                               f"n_kv_heads {self.kv_heads}")
+        if parallel_dims.pp > 1:
+            from torchtitan_like.models.llama3.pipeline import llama_fqns_per_stage
+
+            if self.tie_word_embeddings:
+                raise ConfigError(
+                    f"{flavor} ties the output head to the embedding, which pipeline "
+                    "parallelism would put on different stages (first and last); use an "
+                    "untied flavor or [parallelism] pipeline_parallel_degree = 1"
+                )
+            llama_fqns_per_stage(self, job_config)
 
     def num_params(self) -> int:
         d, kv = self.dim, self.kv_heads * self.head_dim
