@@ -3,8 +3,9 @@
 fp32 with deterministic kernels. A pipelined step computes the same sums as one process, cut
 into microbatches (each microbatch's loss is sum(cross-entropy) / the step's global token
 count) and reduced in another order, so losses differ only by rounding: measured <= 4.8e-7 on
-these losses (~6.7 falling to ~3.9), and 1e-5 leaves a margin while catching any real error (a wrong
-normalisation, a dropped microbatch or an unsynchronised stage moves the loss by > 1e-2).
+these losses (~6.7 falling to ~3.9), and 1e-5 leaves a margin while catching any real error
+(a wrong normalisation, a dropped microbatch or an unsynchronised stage moves the loss by
+> 1e-2).
 The validation loss (the schedule's forward-only path) is compared as well.
 
 One torchrun launch per world size; each case is one line of ``LAYOUTS``. Tensor parallelism
