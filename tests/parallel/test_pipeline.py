@@ -40,6 +40,9 @@ LAYOUTS: dict[int, dict[str, list[str]]] = {
         # 2 schedule steps of 2 microbatches accumulate into one optimizer step (validation
         # reads batches of 2, so 4 of them cover the reference's 2 batches of 4).
         "pp2_accumulation": [*PP2, "--training.local_batch_size=2", "--validation.steps=4"],
+        # Activation checkpointing through the plan, under the split (B/W) backward.
+        "pp2_ZBVZeroBubble_full_ac": [*PP2, schedule("ZBVZeroBubble"),
+                                      "--activation_checkpoint.mode=full"],
         # An uneven explicit split: 1 layer, then 3 layers and the head.
         "pp2_explicit_split": [*PP2, "--parallelism.pipeline_parallel_module_fqns_per_stage="
                                "tok_embeddings layers.0,layers.1 layers.2 layers.3 norm output"],

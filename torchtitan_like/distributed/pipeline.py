@@ -63,16 +63,18 @@ from torch.distributed.pipelining.schedules import (
     get_schedule_class,
 )
 
-from torchtitan_like.config.job_config import JobConfig, Parallelism, PipelineScheduleName
+from torchtitan_like.config.job_config import JobConfig, Parallelism
 from torchtitan_like.config.manager import ConfigError
 from torchtitan_like.logging import logger
 
 if typing.TYPE_CHECKING:
     from torchtitan_like.models.registry import PipeliningFn
 
-SCHEDULES: tuple[str, ...] = typing.get_args(PipelineScheduleName)
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 """Schedules placing exactly two stages on each rank, stage r and stage 2p - 1 - r."""
+SPLIT_BACKWARD = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+"""Schedules splitting each backward into an input-gradient and a weight-gradient pass, i.e.
+two backward calls through one retained graph."""
 
 
 def is_single_stage(schedule: str) -> bool:
@@ -141,6 +143,20 @@ def validate_pipeline(config: JobConfig) -> None:
     else:
         _require(v >= 2, f"{where} interleaves several stages per rank, but 1 is configured; "
                  "use 1F1B for one stage per rank")
+
+    if schedule in SPLIT_BACKWARD:
+        ac, compile_ = config.activation_checkpoint, config.compile
+        split = (f"{where} splits each backward into input- and weight-gradient passes "
+                 "(two backward calls through one graph)")
+        other = "or a schedule without the split (GPipe, 1F1B, Interleaved1F1B, LoopedBFS)"
+        _require(not (ac.mode == "selective" and ac.selective_ac_option == "op"),
+                 f"{split}, but op-level selective activation checkpointing allows one backward "
+                 "per region; use [activation_checkpoint] mode = full or selective_ac_option = "
+                 f"N, {other}")
+        _require(not (compile_.enable and "model" in compile_.components),
+                 f"{split}, which compiled blocks do not support (torch 2.13 refuses the second "
+                 "call, and with donated buffers off the weight gradients come out wrong); "
+                 f"remove model from [compile] components, {other}")
 
     mbs = p.pipeline_parallel_microbatch_size
     _require(mbs >= 1, f"[parallelism] pipeline_parallel_microbatch_size = {mbs}: must be >= 1")
@@ -306,7 +322,8 @@ class Pipeline:
             _Stage(part, stage, n, device, group=pp_mesh.get_group())
             for part, stage in zip(model_parts, stage_ids, strict=True)
         ]
-        schedule_cls = get_schedule_class(config.parallelism.pipeline_parallel_schedule)
+        name = config.parallelism.pipeline_parallel_schedule
+        schedule_cls = get_schedule_class(name)
         self.schedule = schedule_cls(
             stages[0] if issubclass(schedule_cls, PipelineScheduleSingle) else stages,
             n_microbatches=num_microbatches(config),
@@ -318,8 +335,7 @@ class Pipeline:
         self.has_last = n - 1 in stage_ids
         self.device = device
         self.normaliser = torch.ones((), device=device)
-        logger.info(f"pipeline: stages {stage_ids} of {n} on this rank, "
-                    f"{config.parallelism.pipeline_parallel_schedule} schedule, "
+        logger.info(f"pipeline: stages {stage_ids} of {n} on this rank, {name} schedule, "
                     f"{num_microbatches(config)} microbatches per step")
 
     def _scaled_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

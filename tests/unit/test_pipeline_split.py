@@ -144,6 +144,11 @@ EXPLICIT = "--parallelism.pipeline_parallel_module_fqns_per_stage="
          r"'LoopedBFS' interleaves several stages per rank, but 1"),
         (["--parallelism.pipeline_parallel_stages_per_rank=-1"], 2, r"stages_per_rank: must be"),
         (["--parallelism.pipeline_parallel_output_weight=-1"], 2, r"_output_weight: must be >= 0"),
+        # what cannot run two backward passes through one graph (zero-bubble schedules)
+        (["--parallelism.pipeline_parallel_schedule=ZBVZeroBubble", "--training.local_batch_size=4",
+          "--activation_checkpoint.mode=selective"], 2, r"op-level selective activation"),
+        (["--parallelism.pipeline_parallel_schedule=InterleavedZeroBubble",
+          "--compile.enable=true"], 2, r"remove model from \[compile\] components"),
         # tied embeddings are refused
         (["--model.flavor=1B"], 2, r"ties the output head to the embedding"),
         # explicit splits
