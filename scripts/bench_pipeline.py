@@ -3,16 +3,17 @@
     python scripts/bench_pipeline.py                      # debugmodel, seq 256, 8 sequences
     python scripts/bench_pipeline.py --microbatches 4,8 --steps 8 --schedules 1F1B,ZBVZeroBubble
 
-One process (no PP) trains the job as the baseline T1; then two processes run each schedule on
-the same local batch cut into m microbatches. Each process gets one thread, so the ideal PP=2
-step takes T1 / 2 and ``efficiency = T1 / (2 x T_pp)`` would equal 1 - bubble with free
-communication. Printed beside it: the 1F1B bubble (p - 1) / (m + p - 1), the schedule's own
-(interleaved: (p - 1) / (v m + p - 1) with v = 2 stages per rank; zero-bubble schedules: ~0
-when forward, input-gradient and weight-gradient passes cost alike), and the measured idle
-fraction: 1 - CPU time / wall time of the step, averaged over the two ranks (a rank waiting for
-its neighbour's activations or gradients burns no CPU). Step times are the fastest of
-``--steps`` steps after ``--warmup``, each between two barriers: the minimum is the figure least
-disturbed by other processes on a shared machine.
+For each m, one process (no PP) trains the same step as m accumulated microbatches: T1, the
+same work in the same pieces (the faster of a run before and one after the PP runs). Two
+processes run each schedule on the local batch cut into m microbatches. Each process gets one
+thread, so the ideal PP=2 step takes T1 / 2 and ``efficiency = T1 / (2 x T_pp)`` would equal
+1 - bubble with free communication. Printed beside it: the 1F1B bubble (p - 1) / (m + p - 1); the schedule's own (interleaved: (p - 1) /
+(v m + p - 1) with v = 2 stages per rank; zero-bubble schedules: ~0 when forward,
+input-gradient and weight-gradient passes cost alike); and the measured idle fraction,
+1 - CPU time / wall time of the step averaged over the two ranks (a rank waiting for its
+neighbour's activations or gradients burns no CPU). Step times are the fastest of ``--steps``
+steps after ``--warmup``, each between two barriers: the minimum is the figure least disturbed
+by other processes on a shared machine.
 """
 
 from __future__ import annotations
@@ -41,16 +42,19 @@ def bubble(schedule: str, p: int, m: int) -> float:
 
 
 def cases(args: argparse.Namespace, folder: str) -> tuple[list, dict[str, list[str]]]:
-    """(rows to run at PP=2, as (schedule, m, overrides)), and the one-process baseline."""
+    """(rows to run at PP=2, as (schedule, m, overrides)), and the one-process baselines."""
     from torchtitan_like.config.manager import ConfigError, parse_args
 
     base = ["--model.flavor", args.flavor, "--training.seq_len", str(args.seq_len),
             "--training.local_batch_size", str(args.local_batch), "--training.steps", "1000",
             "--training.mixed_precision_param", "float32", "--metrics.peak_tflops", "1",
             "--metrics.log_freq", "1000", "--job.dump_folder", folder]
-    rows = []
+    rows, ms = [], list(map(int, args.microbatches.split(",")))
+    baselines = {f"baseline/{m}": [*base, "--training.global_batch_size", str(args.local_batch),
+                                   "--training.local_batch_size", str(args.local_batch // m)]
+                 for m in ms}
     for schedule in args.schedules.split(","):
-        for m in map(int, args.microbatches.split(",")):
+        for m in ms:
             overrides = [*base, "--parallelism.pipeline_parallel_degree=2",
                          f"--parallelism.pipeline_parallel_schedule={schedule}",
                          "--parallelism.pipeline_parallel_microbatch_size="
@@ -61,7 +65,7 @@ def cases(args: argparse.Namespace, folder: str) -> tuple[list, dict[str, list[s
                 print(f"skip {schedule} m={m}: {e}")
                 continue
             rows.append((schedule, m, overrides))
-    return rows, {"baseline": base}
+    return rows, baselines
 
 
 def launch(nproc: int, named: dict[str, list[str]], args: argparse.Namespace
@@ -135,18 +139,20 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     with tempfile.TemporaryDirectory() as folder:
         rows, baseline = cases(args, folder)
-        t1, _ = launch(1, baseline, args)["baseline"]
+        before = launch(1, baseline, args)
         timed = launch(2, {f"{s}/{m}": o for s, m, o in rows}, args)
+        after = launch(1, baseline, args)  # the faster of two runs around the PP runs
+        timed.update({k: min(before[k], after[k]) for k in baseline})
     print(f"\n{args.flavor}, seq_len {args.seq_len}, {args.local_batch} sequences per step, "
-          f"1 thread per process; one process (no PP): {1000 * t1:.0f} ms/step\n")
+          "1 thread per process, PP=2\n")
     print("| schedule | stages/rank | m | 1F1B bubble (p-1)/(m+p-1) | schedule's bubble "
-          "(theory) | step (ms) | idle (measured) | efficiency T1/(2T) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "(theory) | step (ms) | 1 process (ms) | idle (measured) | efficiency T1/(2T) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for schedule, m, _ in rows:
-        t, idle = timed[f"{schedule}/{m}"]
+        (t, idle), (t1, _) = timed[f"{schedule}/{m}"], timed[f"baseline/{m}"]
         v = 1 if schedule in ("GPipe", "1F1B") else 2
         print(f"| {schedule} | {v} | {m} | {bubble('1F1B', 2, m):.2f} | "
-              f"{bubble(schedule, 2, m):.2f} | {1000 * t:.0f} | {idle:.2f} | "
+              f"{bubble(schedule, 2, m):.2f} | {1000 * t:.0f} | {1000 * t1:.0f} | {idle:.2f} | "
               f"{t1 / (2 * t):.2f} |")
 
 
