@@ -7,13 +7,13 @@ For each m, one process (no PP) trains the same step as m accumulated microbatch
 same work in the same pieces (the faster of a run before and one after the PP runs). Two
 processes run each schedule on the local batch cut into m microbatches. Each process gets one
 thread, so the ideal PP=2 step takes T1 / 2 and ``efficiency = T1 / (2 x T_pp)`` would equal
-1 - bubble with free communication. Printed beside it: the 1F1B bubble (p - 1) / (m + p - 1); the schedule's own (interleaved: (p - 1) /
-(v m + p - 1) with v = 2 stages per rank; zero-bubble schedules: ~0 when forward,
-input-gradient and weight-gradient passes cost alike); and the measured idle fraction,
-1 - CPU time / wall time of the step averaged over the two ranks (a rank waiting for its
-neighbour's activations or gradients burns no CPU). Step times are the fastest of ``--steps``
-steps after ``--warmup``, each between two barriers: the minimum is the figure least disturbed
-by other processes on a shared machine.
+1 - bubble with free communication. Printed beside it: the 1F1B bubble (p - 1) / (m + p - 1);
+the schedule's own (interleaved: (p - 1) / (v m + p - 1) with v = 2 stages per rank;
+zero-bubble schedules: ~0 when forward, input-gradient and weight-gradient passes cost alike);
+and the measured idle fraction, 1 - CPU time / wall time of the step averaged over the two
+ranks (a rank waiting for its neighbour's activations or gradients burns no CPU). Step times
+are the fastest of ``--steps`` steps after ``--warmup``, each between two barriers: the minimum
+is the figure least disturbed by other processes on a shared machine.
 """
 
 from __future__ import annotations
