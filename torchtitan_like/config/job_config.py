@@ -133,7 +133,7 @@ class Parallelism:
     """Free all-gathered parameters after forward: always, never, or default (yes unless PP)."""
 
     pipeline_parallel_degree: int = 1
-    """Pipeline stages' ranks: consecutive layers live on different ranks (PP); 1 = no PP."""
+    """Ranks along the pipeline: consecutive layers cut into stages on separate ranks; 1 = no PP."""
 
     pipeline_parallel_schedule: PipelineScheduleName = "1F1B"
     """torch.distributed.pipelining schedule; GPipe/1F1B: one stage per rank, the others several."""
