@@ -32,7 +32,7 @@ from torchtitan_like.components.profiling import Profiler
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.config.manager import ConfigError, parse_args
 from torchtitan_like.config.validate import grad_accumulation_steps, parallel_dims_of
-from torchtitan_like.distributed import context_parallel
+from torchtitan_like.distributed import context_parallel, pipeline
 from torchtitan_like.distributed import utils as dist_utils
 from torchtitan_like.logging import init_logger, logger
 from torchtitan_like.models.registry import model_spec_and_args
@@ -64,23 +64,32 @@ class Trainer:
         )
         self.grad_accumulation_steps = grad_accumulation_steps(config, self.parallel_dims.dp)
 
-        # 3-6. The plain model on meta, converters (Float8), then the parallelization plan.
+        # 3-6. The plain model on meta, converters (Float8), split into this rank's pipeline
+        # stages (or kept whole), then the parallelization plan on each part.
         spec, self.model_args = model_spec_and_args(config)
         with torch.device("meta"):
             model = spec.model_cls(self.model_args).to(dist_utils.DTYPES[training.dtype])
         self.converters = build_converters(config, self.parallel_dims, device.type)
         self.converters.convert(model)
-        self.model_parts = [spec.parallelize_fn(model, self.parallel_dims, self.meshes, config)]
+        stage_ids, parts = pipeline.split_model(
+            model, spec.pipelining_fn, self.meshes.pp.get_local_rank(), config
+        )
+        self.model_parts = [
+            spec.parallelize_fn(part, self.parallel_dims, self.meshes, config) for part in parts
+        ]
 
         # 7. Materialise and initialise identically under every layout.
         for part in self.model_parts:
             part.to_empty(device=device)
         dist_utils.init_weights(
-            self.model_parts, lambda: spec.model_cls(self.model_args), config.debug.seed
+            self.model_parts, lambda: spec.model_cls(self.model_args), config.debug.seed, stage_ids
         )
         for part in self.model_parts:
             part.train()
         self.loss_fn = maybe_compile_loss(cross_entropy_sum, config.compile)
+        self.pipeline = None if stage_ids is None else pipeline.Pipeline(
+            self.model_parts, stage_ids, config, self.meshes.pp, device, self.loss_fn
+        )
 
         # 8. Optimizer and LR schedule.
         self.optimizers = OptimizersContainer(self.model_parts, config.optimizer)
@@ -143,7 +152,11 @@ class Trainer:
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor,
                          global_tokens: torch.Tensor) -> torch.Tensor:
-        """One microbatch; returns its share of the step's global mean loss."""
+        """One microbatch (one schedule step under PP); returns its share of the step's global
+        mean loss (under PP: on the last stage, 0 on the other ranks)."""
+        if self.pipeline is not None:  # the schedule runs forward and backward of every stage
+            with self.train_context(inputs, labels), self.autocast:
+                return self.pipeline.forward_backward(inputs, labels, global_tokens)
         (model,) = self.model_parts
         with self.train_context(inputs, labels):  # under CP: shards inputs and labels in place
             with self.autocast:
@@ -174,12 +187,19 @@ class Trainer:
         self.lr_schedulers.step()
         return loss, grad_norm
 
+    def global_sum(self, loss: torch.Tensor) -> torch.Tensor:
+        """Sum loss shares over the ranks that hold them: data/context-parallel ranks, then the
+        pipeline ranks (only the last stage has a nonzero share)."""
+        return dist_utils.all_reduce_sum(
+            dist_utils.all_reduce_sum(loss, self.meshes.dp_cp), self.meshes.pp
+        )
+
     @torch.no_grad()
     def validate(self) -> float:
         """Mean loss over the first ``[validation] steps`` held-out batches (the same ones on
         every pass, so passes compare)."""
-        (model,) = self.model_parts
-        model.eval()
+        for part in self.model_parts:
+            part.eval()
         batches = build_dataloader(self.config.training, self.tokenizer, dp_rank=self.dp_rank,
                                    dp_degree=self.parallel_dims.dp, split="validation")
         loss_sum = torch.zeros((), device=self.device)
@@ -188,9 +208,11 @@ class Trainer:
             inputs, labels = inputs.to(self.device), labels.to(self.device)
             tokens += count_labelled_tokens(labels)  # before CP shards the labels
             with self.train_context(inputs, labels), self.autocast:
-                loss_sum += self.loss_fn(model(inputs), labels)
-        model.train()
-        loss_sum = dist_utils.all_reduce_sum(loss_sum, self.meshes.dp_cp)
+                loss_sum += (self.pipeline.loss_sum(inputs, labels) if self.pipeline is not None
+                             else self.loss_fn(self.model_parts[0](inputs), labels))
+        for part in self.model_parts:
+            part.train()
+        loss_sum = self.global_sum(loss_sum)
         return (loss_sum / dist_utils.all_reduce_sum(tokens, self.meshes.dp)).item()
 
     def train(self) -> None:
@@ -214,7 +236,7 @@ class Trainer:
 
             last = self.step == training.steps
             if self.step == 1 or self.step % self.config.metrics.log_freq == 0 or last:
-                global_loss = dist_utils.all_reduce_sum(loss, self.meshes.dp_cp).item()
+                global_loss = self.global_sum(loss).item()
                 self.metrics.log(self.step, {"loss": global_loss, "grad_norm": grad_norm, "lr": lr})
             self.faults.after_step(self.step)
             self.checkpointer.save(self.step, last)

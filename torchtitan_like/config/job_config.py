@@ -10,6 +10,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 DTypeName = Literal["float32", "bfloat16"]
+PipelineScheduleName = Literal[
+    "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
+    "DualPipeV",
+]
 
 
 @dataclass
@@ -145,6 +149,27 @@ class Parallelism:
 
     context_parallel_load_balancer: Literal["headtail", "none"] = "headtail"
     """CP layout: headtail (rank r holds chunks r and 2cp-1-r, equal causal work) or none."""
+
+    pipeline_parallel_degree: int = 1
+    """Ranks along the pipeline: consecutive layers cut into stages on separate ranks; 1 = no PP."""
+
+    pipeline_parallel_schedule: PipelineScheduleName = "1F1B"
+    """torch.distributed.pipelining schedule; GPipe/1F1B: one stage per rank, the others several."""
+
+    pipeline_parallel_microbatch_size: int = 1
+    """Sequences per pipeline microbatch; local_batch_size / this = microbatches per schedule."""
+
+    pipeline_parallel_stages_per_rank: int = 0
+    """Stages (virtual stages) each PP rank holds; 0 = 1 for GPipe/1F1B, 2 for the others."""
+
+    pipeline_parallel_embedding_weight: float = 1.0
+    """Cost of the token embedding in transformer layers, when balancing layers over stages."""
+
+    pipeline_parallel_output_weight: float = 1.0
+    """Cost of the final norm + output head in transformer layers, when balancing stages."""
+
+    pipeline_parallel_module_fqns_per_stage: list[str] = field(default_factory=list)
+    """One entry per stage: its module names in model order, space-separated; empty = automatic."""
 
 
 @dataclass

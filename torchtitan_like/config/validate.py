@@ -26,6 +26,7 @@ def parallel_dims_of(config: JobConfig, world_size: int):
         cp=p.context_parallel_degree,
         tp=p.tensor_parallel_degree,
         enable_loss_parallel=not p.disable_loss_parallel,
+        pp=p.pipeline_parallel_degree,
     )
 
 
@@ -77,6 +78,7 @@ def validate(config: JobConfig, world_size: int) -> None:
     from torchtitan_like.components.data.tokenizer import build_tokenizer
     from torchtitan_like.components.fault_injection import validate_faults
     from torchtitan_like.distributed import context_parallel, tensor_parallel
+    from torchtitan_like.distributed.pipeline import validate_pipeline
     from torchtitan_like.distributed.utils import device_type
     from torchtitan_like.models.registry import model_spec_and_args
 
@@ -91,6 +93,11 @@ def validate(config: JobConfig, world_size: int) -> None:
     tensor_parallel.validate(config, parallel_dims)
     spec, args = model_spec_and_args(config)
     context_parallel.validate(config, parallel_dims, spec.context_parallel_buffers is not None)
+    if parallel_dims.pp > 1:
+        _require(spec.pipelining_fn is not None,
+                 f"[model] name {spec.name!r} has no pipeline split (ModelSpec.pipelining_fn); "
+                 "set [parallelism] pipeline_parallel_degree = 1")
+        validate_pipeline(config)
     args.validate(config, parallel_dims)
 
     tokenizer = build_tokenizer(config.model.tokenizer_path)

@@ -7,7 +7,7 @@ import datetime
 import os
 import socket
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -70,21 +70,31 @@ def _dtensor_rng_is_layout_independent(model: nn.Module) -> bool:
 
 @torch.no_grad()
 def init_weights(
-    model_parts: list[nn.Module], build_reference: Callable[[], nn.Module], seed: int
+    model_parts: list[nn.Module],
+    build_reference: Callable[[], nn.Module],
+    seed: int,
+    stage_ids: Sequence[int] | None = None,
 ) -> None:
     """Initialise sharded parts so that their weights equal a single-device init with ``seed``.
 
-    Every part runs its own ``init_weights`` (buffers, and parameters on GPUs). Where DTensor
-    randomness is not layout-independent (CPU), the parameters are then overwritten from one
-    full reference model initialised on this CPU: affordable for the model sizes a CPU trains,
-    and it makes every layout start from the same weights as the one-process run.
+    Every part runs its own ``init_weights`` (buffers, and parameters on GPUs); pipeline stages
+    (``stage_ids`` given) are seeded with ``seed + stage`` so that no two stages draw the same
+    numbers. That equals the single-device init only without PP and where DTensor randomness
+    is layout-independent (GPUs). Otherwise, on a CPU, the parameters are then overwritten
+    from one full reference model initialised on this CPU: affordable for the model sizes a CPU
+    trains, and it makes every layout start from the same weights as the one-process run. (A
+    pipelined GPU model keeps its per-stage init: a full reference of a model that needs PP
+    would not fit in host memory.)
     """
     with warnings.catch_warnings():  # the CPU case below is the one this warning is about
         warnings.filterwarnings("ignore", "DTensor random operators may not have complete")
-        for part in model_parts:
-            torch.manual_seed(seed)
+        for part, stage in zip(model_parts, stage_ids or [0] * len(model_parts), strict=True):
+            torch.manual_seed(seed + stage)
             part.init_weights()
-    if all(_dtensor_rng_is_layout_independent(part) for part in model_parts):
+    on_cpu = all(p.device.type == "cpu" for part in model_parts for p in part.parameters())
+    if not (stage_ids is not None and on_cpu) and all(
+        _dtensor_rng_is_layout_independent(part) for part in model_parts
+    ):
         return
     with torch.device("cpu"):
         reference = build_reference()

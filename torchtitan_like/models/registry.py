@@ -59,6 +59,9 @@ class HFAdapter(Protocol):
 
 
 ParallelizeFn = Callable[["nn.Module", "ParallelDims", "Meshes", "JobConfig"], "nn.Module"]
+PipeliningFn = Callable[["nn.Module", list[int], "JobConfig"], list["nn.Module"]]
+"""(model on meta, this rank's stage indices, job) -> one module per stage, each the model with
+the other stages' modules removed and parameter names unchanged (distributed/pipeline.py)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +78,7 @@ class ModelSpec:
     parallelize_fn: ParallelizeFn
     """Applies TP/CP/AC/compile/FSDP to one model part, in the documented order."""
 
-    pipelining_fn: Callable[..., Any] | None = None
+    pipelining_fn: PipeliningFn | None = None
     """Splits the model into pipeline stages; None = this model cannot be pipelined."""
 
     hf_adapter: Callable[[Any], HFAdapter] | None = None

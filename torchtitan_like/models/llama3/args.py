@@ -79,6 +79,16 @@ class Llama3Args(BaseModelArgs):
             raise ConfigError(f"{flavor}: vocab_size = {self.vocab_size} is not divisible by "
                               f"{degree} (the embedding and the output head are split by "
                               "vocabulary rows); choose a degree that divides it")
+        if parallel_dims.pp > 1:
+            from torchtitan_like.models.llama3.pipeline import llama_fqns_per_stage
+
+            if self.tie_word_embeddings:
+                raise ConfigError(
+                    f"{flavor} ties the output head to the embedding, which pipeline "
+                    "parallelism would put on different stages (first and last); use an "
+                    "untied flavor or [parallelism] pipeline_parallel_degree = 1"
+                )
+            llama_fqns_per_stage(self, job_config)
 
     def num_params(self) -> int:
         d, kv = self.dim, self.kv_heads * self.head_dim
