@@ -9,9 +9,8 @@ these losses (~6.7 falling to ~3.9), and 1e-5 leaves a margin while catching any
 The validation loss (the schedule's forward-only path) is compared as well.
 
 One torchrun launch per world size; each case is one line of ``LAYOUTS``. Tensor parallelism
-composes through the same plan: a PP x TP case is ``"pp2_tp2": [*PP2, TP2]`` under 4
-processes, and the 3-D one ``"pp2_tp2_fsdp2": [*PP2_DP2, TP2]`` under 8 (with
-``TP2 = "--parallelism.tensor_parallel_degree=2"``).
+composes through the same plan (PP x TP on 4 processes), and the 3-D layout PP x TP x FSDP,
+2 x 2 x 2, is the smallest there is: 8 processes on this machine's 2 cores, kept to one case.
 """
 
 import pytest
@@ -27,6 +26,7 @@ PP2 = ["--parallelism.pipeline_parallel_degree=2", "--training.local_batch_size=
        "--parallelism.pipeline_parallel_microbatch_size=1", *VALIDATION]
 # With 2 data-parallel replicas, 2 sequences per rank: 2 microbatches per schedule step.
 PP2_DP2 = [*PP2, "--training.local_batch_size=2"]
+TP2 = "--parallelism.tensor_parallel_degree=2"
 
 
 def schedule(name: str) -> str:
@@ -50,7 +50,10 @@ LAYOUTS: dict[int, dict[str, list[str]]] = {
     4: {
         "pp2_fsdp2": PP2_DP2,
         "pp2_fsdp2_ZBVZeroBubble": [*PP2_DP2, schedule("ZBVZeroBubble")],
+        "pp2_tp2": [*PP2, TP2],
+        "pp2_tp2_Interleaved1F1B": [*PP2, TP2, schedule("Interleaved1F1B")],
     },
+    8: {"pp2_tp2_fsdp2": [*PP2_DP2, TP2]},
 }
 
 
