@@ -1,13 +1,13 @@
 """Save at step 5 of 10, restart, resume: the losses of steps 6-10 equal the uninterrupted run's.
 
-Launch 1 (2 processes) trains 10 steps under FSDP=2, HSDP (replicate 2) and TP=2, saving at steps
-5 and 10, next to uninterrupted references. Each case's step-10 checkpoint is then deleted and
+Launch 1 (2 processes) trains 10 steps under FSDP=2, HSDP (replicate 2), TP=2 and PP=2, saving at
+steps 5 and 10, next to uninterrupted references. Each case's step-10 checkpoint is then deleted and
 launch 2 restarts the same jobs: they find step-5 by themselves and resume. Same layout ->
 bitwise equal losses (fp32, deterministic): the model, optimizer, scheduler, data position and
 RNG come back exactly. (The async modes' saves are resumed bitwise in test_fault_tolerance.py.)
 
 Resharding: the FSDP=2 step-5 checkpoint is also resumed with activation checkpointing switched
-on (names must not change: bitwise), under HSDP, TP=2, one process and FSDP=2 x TP=2 (4
+on (names must not change: bitwise), under HSDP, TP=2, PP=2, one process and FSDP=2 x TP=2 (4
 processes): the same losses up to the order of floating-point sums (1e-5, as the parity tests in
 tests/parallel/ explain).
 """
@@ -22,11 +22,13 @@ STEPS = ["--training.steps", "10"]
 CKPT = [*STEPS, "--checkpoint.enable", "true", "--checkpoint.interval", "5"]
 HSDP = ["--parallelism.data_parallel_replicate_degree", "2"]
 TP2 = ["--parallelism.tensor_parallel_degree", "2"]
-SAVING = {"fsdp": [], "hsdp": HSDP, "tp": TP2}  # each against its own uninterrupted reference
+PP2 = ["--parallelism.pipeline_parallel_degree", "2"]  # 1F1B, 2 microbatches of 1 per schedule
+SAVING = {"fsdp": [], "hsdp": HSDP, "tp": TP2, "pp": PP2}  # each against its own reference
 RESHARDED = {  # the FSDP=2 checkpoint of step 5, resumed by other 2-process jobs
     "ac": [*CKPT, "--activation_checkpoint.mode", "full"],  # bitwise
     "hsdp_from_fsdp": [*CKPT, *HSDP],
     "tp_from_fsdp": [*CKPT, *TP2],
+    "pp_from_fsdp": [*CKPT, *PP2],
 }
 ONE_PROCESS = {
     "one": CKPT,  # local 2 of global 4: two microbatches
@@ -67,7 +69,9 @@ def test_activation_checkpointing_resumes_bitwise(runs):
     assert losses(resumed["ac"]) == losses(first["fsdp_reference"])[5:]
 
 
-@pytest.mark.parametrize("case", [*ONE_PROCESS, "hsdp_from_fsdp", "tp_from_fsdp", "fsdp_tp"])
+@pytest.mark.parametrize(
+    "case", [*ONE_PROCESS, "hsdp_from_fsdp", "tp_from_fsdp", "pp_from_fsdp", "fsdp_tp"]
+)
 def test_fsdp_checkpoint_resumes_under_other_layouts(runs, case):
     first, resumed = runs
     assert [r["step"] for r in resumed[case] if "loss" in r] == list(range(6, 11))
