@@ -191,11 +191,15 @@ def _build(layers: list[tuple[str, dict[str, dict[str, Any]], bool]]) -> JobConf
 
 
 def import_custom_modules(names: list[str]) -> None:
-    """Import user modules (dotted names or .py paths) so that they can register models."""
+    """Import user modules (dotted names or .py paths) so that they can register models.
+    A file already imported (e.g. by an earlier job in the same process) is not run again."""
     for name in names:
         try:
             if name.endswith(".py"):
                 path = Path(name).resolve()
+                loaded = sys.modules.get(path.stem)
+                if loaded is not None and getattr(loaded, "__file__", None) == str(path):
+                    continue
                 spec = importlib.util.spec_from_file_location(path.stem, path)
                 if spec is None or spec.loader is None or not path.is_file():
                     raise FileNotFoundError(path)
