@@ -9,8 +9,9 @@ place, a missed K/V block, a wrong normalisation) moves the loss by > 1e-3. Grad
 compared within a relative 1e-5 (measured 2.8e-6).
 
 CP=2 runs with both K/V rotations and with head-tail load balancing on and off, with
-gradient accumulation, selective AC and validation; then CP=2 x FSDP=2 and CP=2 x TP=2 on
-four processes. One torchrun launch per world size.
+gradient accumulation, selective AC and validation; then CP=2 x FSDP=2, CP=2 x TP=2 and
+CP=2 x PP=2 (the CP context covers the whole pipeline schedule: every stage's forward and
+backward, each stage's own RoPE table) on four processes. One torchrun launch per world size.
 """
 
 import pytest
@@ -39,12 +40,15 @@ def runs(corpus, tmp_path_factory):
     four = launch(4, {
         "cp2_fsdp2": [*CP2, *VALIDATE],  # local batch 2 on each of 2 data-parallel ranks
         "cp2_tp2": [*CP2, *WHOLE, "--parallelism.tensor_parallel_degree", "2", *VALIDATE],
+        "cp2_pp2": [*CP2, *WHOLE, "--parallelism.pipeline_parallel_degree", "2",
+                    "--parallelism.pipeline_parallel_microbatch_size", "1", *VALIDATE],
     }, root / "four", corpus)
     return {**one, **two, **four}
 
 
 CASES = ["cp2_allgather_headtail", "cp2_alltoall_headtail", "cp2_allgather_none",
-         "cp2_alltoall_none", "cp2_accumulation", "cp2_selective_ac", "cp2_fsdp2", "cp2_tp2"]
+         "cp2_alltoall_none", "cp2_accumulation", "cp2_selective_ac", "cp2_fsdp2", "cp2_tp2",
+         "cp2_pp2"]
 
 
 def grad_norms(records: list[dict]) -> list[float]:
@@ -58,7 +62,7 @@ def test_matches_one_process(runs, case):
     assert grad_norms(runs[case]) == pytest.approx(grad_norms(runs["reference"]), rel=TOL)
 
 
-@pytest.mark.parametrize("case", ["cp2_allgather_headtail", "cp2_fsdp2", "cp2_tp2"])
+@pytest.mark.parametrize("case", ["cp2_allgather_headtail", "cp2_fsdp2", "cp2_tp2", "cp2_pp2"])
 def test_validation_matches_one_process(runs, case):
     """Validation shards its batches too; tokens are counted before the sharding."""
     [actual] = [r["validation_loss"] for r in runs[case] if "validation_loss" in r]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from torchtitan_like.config.job_config import JobConfig, Parallelism
+from torchtitan_like.config.job_config import Parallelism
 from torchtitan_like.config.manager import ConfigError, field_docs, parse_args
 from torchtitan_like.config.validate import parallel_dims_of
 from torchtitan_like.distributed import context_parallel, cp_cpu_sdpa
@@ -65,11 +65,6 @@ def test_model_without_cp_support_is_refused(monkeypatch):
                                           r".*declares no context_parallel_buffers"):
         parse_args(cp(2, "--model.name", "no_cp"), 2)
     parse_args(["--model.name", "no_cp", *TINY], 2)  # fine without CP
-
-
-def test_cp_with_pipeline_parallel_is_refused():
-    with pytest.raises(ConfigError, match="pipeline parallelism is not supported yet"):
-        context_parallel.validate(JobConfig(), ParallelDims.resolve(4, pp=2, cp=2), True)
 
 
 def test_untested_torch_is_refused_on_cpu_only(monkeypatch):

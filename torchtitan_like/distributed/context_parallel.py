@@ -98,12 +98,6 @@ def validate(config: JobConfig, parallel_dims: ParallelDims, model_supports_cp: 
             f"tokens, which sequence parallel splits over [parallelism] tensor_parallel_degree "
             f"= {tp}; choose seq_len divisible by {cp} x {tp} (and by {chunks})"
         )
-    if parallel_dims.pp > 1:
-        raise ConfigError(
-            f"{degree} with pipeline parallelism is not supported yet (the CP context would "
-            "have to shard each stage's inputs and RoPE table inside the schedule; untested); "
-            "use one of the two"
-        )
     if device_type() == "cpu" and (reason := cp_cpu_sdpa.check_supported()):
         raise ConfigError(f"{degree}: {reason}")
 

@@ -1,0 +1,40 @@
+"""Every shipped config parses and validates at the world size it is written for.
+
+GPU-only switches are turned off for this CPU (async TP needs CUDA), and the 128K config's
+data, tokenizer and 8K checkpoint, which a user supplies, are replaced by the built-in ones.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from torchtitan_like.config.manager import parse_args
+
+CONFIGS = Path(__file__).resolve().parents[2] / "train_configs"
+WORLD_SIZES = {
+    "debug_model.toml": 1,
+    "llama3_8b.toml": 8,
+    "llama3_70b.toml": 64,
+    "llama3_405b.toml": 16384,
+    "llama3_405b_128k.toml": 16384,
+}
+ON_THIS_CPU = ["--parallelism.enable_async_tensor_parallel=false", "--model.tokenizer_path=",
+               "--training.dataset=cpython_docs", "--checkpoint.initial_load_path="]
+
+
+def test_every_shipped_config_is_listed():
+    assert sorted(p.name for p in CONFIGS.glob("*.toml")) == sorted(WORLD_SIZES)
+
+
+@pytest.mark.parametrize("name", WORLD_SIZES)
+def test_shipped_config_validates(name):
+    config = parse_args(["--job.config_file", str(CONFIGS / name), *ON_THIS_CPU],
+                        WORLD_SIZES[name])
+    assert config.job.description
+
+
+def test_the_405b_layouts_are_the_llama3_papers():
+    p = parse_args(["--job.config_file", str(CONFIGS / "llama3_405b_128k.toml"), *ON_THIS_CPU],
+                   16384).parallelism
+    assert (p.tensor_parallel_degree, p.context_parallel_degree, p.pipeline_parallel_degree,
+            p.data_parallel_shard_degree) == (8, 16, 16, 8)
