@@ -157,18 +157,24 @@ def measure_train_step(trainer: Trainer) -> dict[str, int]:
     step()
     tracker = MemTracker()
     tracker.track_external(*trainer.model_parts, *trainer.optimizers.optimizers)
-    # MemTracker refuses a second forward of a root module (gradient accumulation) unless its
-    # per-module statistics are reset; the peak it keeps survives the reset.
-    forward_backward = trainer.forward_backward
+    if trainer.pipeline is not None:  # allocated in the first step, before the tracker
+        tracker.track_external(*trainer.pipeline.receive_buffers())
+    # MemTracker refuses a second forward of a root module in one tracked region (gradient
+    # accumulation; every microbatch of a pipeline schedule) unless that module's statistics
+    # are dropped first. Only the root's: under PP another stage on this rank may still run
+    # the backward of an earlier microbatch, which looks up its own modules' entries. The
+    # step's peak, all we read, is kept apart. A global hook registered before the tracker's
+    # own runs before it.
+    roots = {id(part) for part in trainer.model_parts}
 
-    def microbatch(*args):
-        tracker.reset_mod_stats()
-        return forward_backward(*args)
+    def reset(module: nn.Module, _args: object) -> None:
+        if id(module) in roots:
+            tracker.memory_tracking.pop(module, None)
 
-    trainer.forward_backward = microbatch
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(reset)
     try:
         with tracker:
             step()
     finally:
-        del trainer.forward_backward
+        handle.remove()
     return _by_category(tracker.get_tracker_snapshot("peak"), trainer.device)
