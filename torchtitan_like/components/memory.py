@@ -1,8 +1,8 @@
 """Measured and modelled activation memory, for the benchmarks and the planner.
 
 ``measure_train_step`` tracks one real step of a Trainer (every model part, gradient
-accumulation, the optimizer): what a layout costs per rank. ``measure_step_memory`` runs one
-forward/backward (optionally the optimizer step) under
+accumulation or a pipeline schedule, the optimizer): what a layout costs per rank.
+``measure_step_memory`` runs one forward/backward (optionally the optimizer step) under
 ``torch.distributed._tools.mem_tracker.MemTracker``, a dispatch mode that sees every tensor
 storage and files it as Parameter, Buffer, Gradient, Activation, Temp (backward scratch),
 Optstate or Other. That works on CPU, where neither RSS nor tracemalloc see torch's
@@ -147,7 +147,9 @@ def measure_train_step(trainer: Trainer) -> dict[str, int]:
     (Parameter, Gradient, Optstate, Activation, Temp, Buffer, Other) plus ``Total``.
 
     A first, untracked step creates the optimizer states (AdamW allocates them lazily), so the
-    measured step is what every later step costs.
+    measured step is what every later step costs. Under PP it follows the schedule's every
+    forward and backward and counts the stages' receive buffers; the zero-bubble schedules
+    (split backward through ``autograd.grad``) are beyond MemTracker's module hooks.
     """
     data = iter(trainer.dataloader)
 
