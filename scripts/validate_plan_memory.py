@@ -1,13 +1,14 @@
 """Planner vs measurement: peak memory per rank of the debug model on this CPU.
 
 For each case (a layout / activation-checkpointing mode on top of
-train_configs/debug_model.toml), the planner predicts the peak tensor memory of rank 0 from the
-config alone, and the real trainer measures it with MemTracker over one steady-state step
-(torchtitan_like/tools/memory.py; one torchrun launch per process count). Prints a markdown
-table with the error of each case.
+train_configs/debug_model.toml), the planner predicts the peak tensor memory of every pipeline
+rank from the config alone, and the real trainer measures every rank's peak with MemTracker
+over one steady-state step (torchtitan_like/tools/memory.py; one torchrun launch per process
+count). Prints a markdown table with the error of each case: one row per pipeline stage under
+PP (its ranks' largest peak), else the largest peak over the ranks.
 
-    python scripts/validate_plan_memory.py            # about 5 minutes on 2 cores
-    python scripts/validate_plan_memory.py --only FSDP
+    python scripts/validate_plan_memory.py            # about 6 minutes on 2 cores
+    python scripts/validate_plan_memory.py --only PP
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from torchtitan_like.config.manager import build_job_config
 from torchtitan_like.tools.memory import measure_cases
-from torchtitan_like.tools.planner import CPU, predict_peak
+from torchtitan_like.tools.planner import CPU, predict_stage_peaks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +31,12 @@ COMMON = ["--job.config_file", str(ROOT / "train_configs/debug_model.toml"),
 SELECTIVE = ["--activation_checkpoint.mode", "selective",
              "--activation_checkpoint.selective_ac_option"]
 FULL = ["--activation_checkpoint.mode", "full"]
-FSDP_BATCH = ["--training.local_batch_size", "4"]
+BATCH_4 = ["--training.local_batch_size", "4"]
+TP = ["--parallelism.tensor_parallel_degree", "2"]
+# Two stages; the local batch of 8 in 4 microbatches of 2 sequences.
+PP = ["--parallelism.pipeline_parallel_degree", "2",
+      "--parallelism.pipeline_parallel_microbatch_size", "2"]
+SCHEDULE = "--parallelism.pipeline_parallel_schedule"
 
 # name -> (processes, overrides on top of COMMON); the debug config: batch 8 x 256, fp32.
 CASES: dict[str, tuple[int, list[str]]] = {
@@ -40,16 +46,26 @@ CASES: dict[str, tuple[int, list[str]]] = {
     "1 proc, AC every 2": (1, [*SELECTIVE, "2"]),
     "1 proc, tiny (GQA), seq 512, AC every 3": (
         1, ["--model.flavor", "tiny", "--training.seq_len", "512", *SELECTIVE, "3"]),
-    "FSDP 2, AC none": (2, FSDP_BATCH),
-    "FSDP 2, AC full": (2, [*FSDP_BATCH, *FULL]),
-    "FSDP 2, no reshard": (2, [*FSDP_BATCH, "--parallelism.fsdp_reshard_after_forward",
+    "FSDP 2, AC none": (2, BATCH_4),
+    "FSDP 2, AC full": (2, [*BATCH_4, *FULL]),
+    "FSDP 2, no reshard": (2, [*BATCH_4, "--parallelism.fsdp_reshard_after_forward",
                                "never"]),
-    "FSDP 2, bf16 params, AC op": (2, [*FSDP_BATCH, "--training.mixed_precision_param",
+    "FSDP 2, bf16 params, AC op": (2, [*BATCH_4, "--training.mixed_precision_param",
                                        "bfloat16", *SELECTIVE, "op"]),
     "FSDP 2, 2 microbatches": (2, ["--training.local_batch_size", "2",
                                    "--training.global_batch_size", "8"]),
-    "HSDP 2x1, AC none": (2, [*FSDP_BATCH, "--parallelism.data_parallel_replicate_degree",
+    "HSDP 2x1, AC none": (2, [*BATCH_4, "--parallelism.data_parallel_replicate_degree",
                               "2"]),
+    "TP 2 (SP, loss parallel)": (2, [*BATCH_4, *TP]),
+    "CP 2": (2, [*BATCH_4, "--parallelism.context_parallel_degree", "2"]),
+    "PP 2 1F1B": (2, [*PP, SCHEDULE, "1F1B"]),
+    "PP 2 1F1B, AC full": (2, [*PP, SCHEDULE, "1F1B", *FULL]),
+    "PP 2 GPipe": (2, [*PP, SCHEDULE, "GPipe"]),
+    "PP 2 Interleaved1F1B (4 stages)": (2, [*PP, SCHEDULE, "Interleaved1F1B"]),
+    "FSDP 2 x TP 2": (4, [*BATCH_4, *TP]),
+    "PP 2 x TP 2, 1F1B": (4, [*PP, *TP]),
+    "PP 2 x FSDP 2, 1F1B": (4, [*PP, "--training.local_batch_size", "4",
+                                "--training.global_batch_size", "8"]),
 }
 
 
@@ -66,12 +82,16 @@ def main() -> None:
     print("|---|---:|---:|---:|---|")
     errors = []
     for name, (nproc, overrides) in cases.items():
-        predicted = predict_peak(build_job_config(overrides), nproc, CPU)
-        error = 100 * (predicted.total - measured[name]) / measured[name]
-        errors.append(abs(error))
-        print(f"| {name} | {predicted.total / 2**20:.1f} | {measured[name] / 2**20:.1f} | "
-              f"{error:+.1f}% | {predicted.moment} |")
-    print(f"\nlargest |error|: {max(errors):.1f}% over {len(errors)} cases")
+        stages = predict_stage_peaks(build_job_config(overrides), nproc, CPU)
+        per_stage = nproc // len(stages)  # the mesh puts PP outermost
+        for s, predicted in enumerate(stages):
+            peak = max(measured[name][s * per_stage:(s + 1) * per_stage])
+            error = 100 * (predicted.total - peak) / peak
+            errors.append(abs(error))
+            label = f"{name}, PP rank {s}" if len(stages) > 1 else name
+            print(f"| {label} | {predicted.total / 2**20:.1f} | {peak / 2**20:.1f} | "
+                  f"{error:+.1f}% | {predicted.moment} |")
+    print(f"\nlargest |error|: {max(errors):.1f}% over {len(errors)} rows")
 
 
 if __name__ == "__main__":

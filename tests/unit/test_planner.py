@@ -30,14 +30,17 @@ from torchtitan_like.tools.planner import (
     bubble_fraction,
     communication,
     from_job_config,
-    in_flight_layers,
+    in_flight_peak,
     korthikanti_layer_bytes,
     layer_elements,
     plan,
     plan_fitting,
+    rank_stages,
     ring_volume,
+    schedule_order,
     search,
-    stage_layers,
+    stage_memory,
+    stage_split,
 )
 
 GiB = 2**30
@@ -98,19 +101,48 @@ def test_layer_count_sequence_parallel():
     assert layer_elements(m, "none", 1, fused_norm=True) == pytest.approx(8 * h + 4 * f)
 
 
-def test_bubble_and_pipeline_occupancy():
+def test_bubble_and_pipeline_schedules():
     assert bubble_fraction(1, 8) == 0
     assert bubble_fraction(4, 12) == pytest.approx(3 / 15)
     assert bubble_fraction(4, 12, "Interleaved1F1B", 2) == pytest.approx(3 / 27)
-    assert stage_layers(126, 16) == [8] * 14 + [7] * 2
-    one_f_one_b = Layout(pp=4, dp_shard=1)
-    assert in_flight_layers(one_f_one_b, 0, 12, 10) == 40  # stage 0 holds pp microbatches
-    assert in_flight_layers(one_f_one_b, 3, 12, 10) == 10
-    assert in_flight_layers(dataclasses.replace(one_f_one_b, pp_schedule="GPipe"), 0, 12, 10) \
-        == 120
-    # Interleaved, v = 2: rank 0 holds L (1 + (pp - 1)/(pp v)) layers' worth (Korthikanti).
+    # Stages are cut as the trainer cuts them: the embedding and the head weigh a block each.
+    assert stage_split(126, Layout(pp=16)) == [7] + [8] * 14 + [7]
+    one_f_one_b = Layout(pp=4)
+    assert schedule_order(one_f_one_b, 2, 4) == [("F", 0), ("F", 0), ("B", 0), ("F", 0),
+                                                 ("B", 0), ("F", 0), ("B", 0), ("B", 0)]
+    # 1F1B: rank r holds at most pp - r microbatches, whatever m; GPipe all m.
+    assert [in_flight_peak(one_f_one_b, r, 12) for r in range(4)] == [[4], [3], [2], [1]]
+    gpipe = dataclasses.replace(one_f_one_b, pp_schedule="GPipe")
+    assert in_flight_peak(gpipe, 0, 12) == [12]
+    # Interleaved, v = 2: rank r holds stages r and r + pp, at most (v - 1) pp + 2 (pp - 1 - r)
+    # + 1 model chunks when m is a multiple of pp (Narayanan et al.), torch's warm-up + 1.
     interleaved = dataclasses.replace(one_f_one_b, pp_schedule="Interleaved1F1B")
-    assert in_flight_layers(interleaved, 0, 12, 10) == pytest.approx(40 * (1 + 3 / 8))
+    assert rank_stages(interleaved, 1) == [1, 5]
+    assert sum(in_flight_peak(interleaved, 0, 12)) == 4 + 6 + 1
+    assert sum(in_flight_peak(interleaved, 3, 12)) == 4 + 0 + 1
+    order = schedule_order(interleaved, 3, 8)
+    assert order[:5] == [("F", 0)] * 4 + [("F", 1)] and order[5] == ("B", 1)
+    assert sorted(order) == sorted([("F", 0), ("F", 1), ("B", 0), ("B", 1)] * 8)
+
+
+def test_pipeline_rank_memory_follows_the_schedule():
+    """Under 1F1B rank r holds pp - r microbatches; every rank keeps one receive buffer per
+    microbatch and edge; pipelined FSDP accumulates unsharded fp32 gradients."""
+    m, work = shape("8B"), Workload(seq_len=4096, global_batch=32)  # 16 microbatches
+    # Weightless embedding and head: 4 blocks per stage, so only the schedule differs.
+    layout = Layout(pp=8, dp_shard=2, pp_embedding_weight=0, pp_output_weight=0)
+    assert stage_split(32, layout) == [4] * 8
+    ranks = [stage_memory(m, H100, work, layout, s, 16) for s in range(7)]
+    held = [mem.activations for mem in ranks]
+    assert held == sorted(held, reverse=True)
+    # The middle ranks differ by one microbatch of 4 blocks each.
+    microbatch = held[1] - held[2]
+    assert all(held[r] - held[r + 1] == pytest.approx(microbatch) for r in range(1, 6))
+    edge = m.dim * 2 * 4096  # bf16 hidden states of one sequence
+    assert held[6] > 2 * 16 * edge + 2 * microbatch  # buffers, 2 microbatches in flight
+    assert ranks[1].gradients == pytest.approx(4 * m.block_params * 4)  # unsharded fp32
+    result = plan(m, Cluster(H100, 8, 2), work, layout)
+    assert result.memory.total == max(result.stage_totals) and len(result.stage_totals) == 8
 
 
 def test_communication_volumes_and_links():
@@ -159,7 +191,7 @@ def test_llama3_405b_8k_layout_fits():
                           Workload(seq_len=8192, global_batch=2048, tokens=15.6e12),
                           Layout(tp=8, pp=16, dp_shard=128, ac="auto"))
     assert result.fits
-    assert result.microbatches == 16 and result.memory.stage == 0
+    assert result.microbatches == 16 and len(result.stage_totals) == 16
     assert result.bubble == pytest.approx(15 / 31)
     assert {c.dim: c.link for c in result.comms} == {
         "tp": "intra-node", "fsdp": "inter-node", "pp": "inter-node"}
@@ -201,6 +233,24 @@ def test_from_job_config_reads_the_debug_config():
     assert (work.seq_len, work.global_batch) == (256, 16)
     assert work.precision.compute_bytes == 4  # the debug config computes in fp32
     assert (layout.dp_shard, layout.local_batch_size, layout.ac) == (2, 8, "2")
+
+
+def test_from_job_config_reads_the_pipeline_and_tp_fields():
+    config = build_job_config([
+        "--job.config_file", "train_configs/debug_model.toml",
+        "--parallelism.pipeline_parallel_degree", "2",
+        "--parallelism.pipeline_parallel_schedule", "LoopedBFS",
+        "--parallelism.pipeline_parallel_microbatch_size", "2",
+        "--parallelism.pipeline_parallel_embedding_weight", "0.5",
+        "--parallelism.tensor_parallel_degree", "2",
+        "--parallelism.disable_loss_parallel", "true"])
+    _, work, layout = from_job_config(config, 4)
+    assert (layout.pp, layout.tp, layout.loss_parallel) == (2, 2, False)
+    # Multi-stage schedules are modelled as interleaved 1F1B with their stages per rank.
+    assert (layout.pp_schedule, layout.pp_virtual_stages) == ("Interleaved1F1B", 2)
+    # A step of 8 sequences: one schedule step of 4 microbatches of 2.
+    assert (layout.local_batch_size, layout.pp_microbatches, work.global_batch) == (2, 4, 8)
+    assert layout.pp_embedding_weight == 0.5
 
 
 # -------------------------------------------------------------------------- command line

@@ -1,8 +1,8 @@
 """Measured and modelled activation memory, for the benchmarks and the planner.
 
 ``measure_train_step`` tracks one real step of a Trainer (every model part, gradient
-accumulation, the optimizer): what a layout costs per rank. ``measure_step_memory`` runs one
-forward/backward (optionally the optimizer step) under
+accumulation or a pipeline schedule, the optimizer): what a layout costs per rank.
+``measure_step_memory`` runs one forward/backward (optionally the optimizer step) under
 ``torch.distributed._tools.mem_tracker.MemTracker``, a dispatch mode that sees every tensor
 storage and files it as Parameter, Buffer, Gradient, Activation, Temp (backward scratch),
 Optstate or Other. That works on CPU, where neither RSS nor tracemalloc see torch's
@@ -147,7 +147,9 @@ def measure_train_step(trainer: Trainer) -> dict[str, int]:
     (Parameter, Gradient, Optstate, Activation, Temp, Buffer, Other) plus ``Total``.
 
     A first, untracked step creates the optimizer states (AdamW allocates them lazily), so the
-    measured step is what every later step costs.
+    measured step is what every later step costs. Under PP it follows the schedule's every
+    forward and backward and counts the stages' receive buffers; the zero-bubble schedules
+    (split backward through ``autograd.grad``) are beyond MemTracker's module hooks.
     """
     data = iter(trainer.dataloader)
 
@@ -157,18 +159,24 @@ def measure_train_step(trainer: Trainer) -> dict[str, int]:
     step()
     tracker = MemTracker()
     tracker.track_external(*trainer.model_parts, *trainer.optimizers.optimizers)
-    # MemTracker refuses a second forward of a root module (gradient accumulation) unless its
-    # per-module statistics are reset; the peak it keeps survives the reset.
-    forward_backward = trainer.forward_backward
+    if trainer.pipeline is not None:  # allocated in the first step, before the tracker
+        tracker.track_external(*trainer.pipeline.receive_buffers())
+    # MemTracker refuses a second forward of a root module in one tracked region (gradient
+    # accumulation; every microbatch of a pipeline schedule) unless that module's statistics
+    # are dropped first. Only the root's: under PP another stage on this rank may still run
+    # the backward of an earlier microbatch, which looks up its own modules' entries. The
+    # step's peak, all we read, is kept apart. A global hook registered before the tracker's
+    # own runs before it.
+    roots = {id(part) for part in trainer.model_parts}
 
-    def microbatch(*args):
-        tracker.reset_mod_stats()
-        return forward_backward(*args)
+    def reset(module: nn.Module, _args: object) -> None:
+        if id(module) in roots:
+            tracker.memory_tracking.pop(module, None)
 
-    trainer.forward_backward = microbatch
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(reset)
     try:
         with tracker:
             step()
     finally:
-        del trainer.forward_backward
+        handle.remove()
     return _by_category(tracker.get_tracker_snapshot("peak"), trainer.device)

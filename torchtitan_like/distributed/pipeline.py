@@ -318,7 +318,7 @@ class Pipeline:
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     ):
         n = num_stages(config.parallelism)
-        stages = [
+        self.stages = stages = [
             _Stage(part, stage, n, device, group=pp_mesh.get_group())
             for part, stage in zip(model_parts, stage_ids, strict=True)
         ]
@@ -337,6 +337,14 @@ class Pipeline:
         self.normaliser = torch.ones((), device=device)
         logger.info(f"pipeline: stages {stage_ids} of {n} on this rank, {name} schedule, "
                     f"{num_microbatches(config)} microbatches per step")
+
+    def receive_buffers(self) -> list[torch.Tensor]:
+        """The tensors this rank's stages receive activations and gradients into: one per
+        microbatch each (torch allocates them at the first step and keeps them), for memory
+        accounting (components/memory.py)."""
+        return [info.buffer for stage in self.stages
+                for infos in (*stage.args_recv_info.values(), *stage.grad_recv_info.values())
+                for info in infos if info.buffer is not None]
 
     def _scaled_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return self.loss_fn(logits, labels) / self.normaliser

@@ -45,13 +45,15 @@ def main(argv: list[str]) -> None:
     dist.destroy_process_group()
 
 
-def measure_cases(cases: dict[str, tuple[int, list[str]]], workdir: Path) -> dict[str, int]:
-    """Rank 0's peak bytes for each case {name: (processes, overrides)}; one torchrun launch
-    per process count. Raises RuntimeError with the end of the launch's output on failure."""
+def measure_cases(cases: dict[str, tuple[int, list[str]]],
+                  workdir: Path) -> dict[str, list[int]]:
+    """Every rank's peak bytes (index = global rank) for each case {name: (processes,
+    overrides)}; one torchrun launch per process count. Ranks differ under PP (each holds its
+    own stage). Raises RuntimeError with the end of the launch's output on failure."""
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root), "PYTHONWARNINGS": "ignore",
            "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1", "OMP_NUM_THREADS": "1"}
-    measured: dict[str, int] = {}
+    measured: dict[str, list[int]] = {}
     for nproc in sorted({n for n, _ in cases.values()}):
         batch = {name: [*overrides, "--job.dump_folder", str(workdir / f"case{i}")]
                  for i, (name, (n, overrides)) in enumerate(cases.items()) if n == nproc}
@@ -64,7 +66,7 @@ def measure_cases(cases: dict[str, tuple[int, list[str]]], workdir: Path) -> dic
         if proc.returncode != 0:
             raise RuntimeError(f"measuring {list(batch)} on {nproc} processes failed:\n"
                                f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
-        measured.update({name: ranks[0]["Total"]
+        measured.update({name: [rank["Total"] for rank in ranks]
                          for name, ranks in json.loads(out.read_text()).items()})
     return measured
 

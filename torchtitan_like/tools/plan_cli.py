@@ -213,6 +213,9 @@ def format_plan(result: Plan, model: ModelShape, cluster: Cluster, work: Workloa
         f"{2 * prec.master_bytes + states}, sharded over {lay.tp} (TP) x {lay.pp} (PP) x "
         f"{lay.fsdp_degree} (FSDP); {names[prec.compute_bytes]} compute copies "
         f"{prec.compute_bytes}; {names[prec.reduce_bytes]} reductions {prec.reduce_bytes}",
+        *(["  per pipeline rank  " + " ".join(f"{total / GiB:.1f}" for total in
+                                               result.stage_totals) + " GiB"]
+          if lay.pp > 1 else []),
         "Verdict: " + ("FITS" if result.fits else "DOES NOT FIT")
         + f" ({mem.total / GiB:.1f} of {result.usable_gib:.1f} GiB)",
         "",

@@ -7,7 +7,8 @@ over n = dp_shard x cp ranks (ZeRO-3), and Adam's two states:
 
     parameters  P_s/tp/n x master        (+ gathered compute copies: one unit with FSDP's
                                           reshard, every unit of the stage without it)
-    gradients   P_s/tp/n x master        (+ the unsharded gradient of the unit in backward)
+    gradients   P_s/tp/n x master        (+ the unsharded gradient of the unit in backward;
+                                          under PP: P_s/tp x reduce, see Pipelines)
     optimizer   P_s/tp/n x 2 x master
 
 master = 4 (fp32 weights and states, ``training.dtype``); compute = 2 (bf16,
@@ -33,14 +34,41 @@ elements per token (h = dim, q = heads x head_dim, f = FFN width, t = TP degree)
 compute dtype's bytes, times the tokens of a microbatch on this rank (b x s / cp). Op-level
 selective checkpointing keeps the block input, the matmul/attention outputs and collective
 outputs; full checkpointing keeps the block input (and recomputes one block in backward);
-every-N checkpoints every N-th block. Pipeline stages hold several microbatches at once: 1F1B
-keeps min(pp - s, m) in flight on stage s, GPipe all m, interleaved 1F1B
-(v - 1) pp + 2 (pp - 1 - s) + 1 model chunks (Narayanan et al., 2021).
+every-N checkpoints every N-th block of each pipeline stage. The last stage keeps the final
+norm's tensors and the fp32 log-probabilities (b s V/t x 4 bytes); the loss's backward adds two
+logit-sized fp32 gradients, three under loss parallel (DTensor's fused nll/log-softmax backward
+builds zeros, exp(x) and their product at once).
 
-The peak is the largest of three moments: the loss's backward (every activation of the
-microbatch kept, plus fp32 log-probabilities and two logit-sized gradients), the backward of
-a layer (its recomputed activations and gradients, the gradients so far), and the optimizer
-step (a temporary per parameter in the foreach kernels).
+Pipelines (the trainer's torch.distributed.pipelining stages, as this module models them):
+stages are the trainer's split (``balance_layers``: embedding and head weigh one block each by
+default), rank r holding stage r (1F1B, GPipe) or stages r, r + pp, ... (interleaved). The
+peak is found by walking the rank's schedule in torch's order (``schedule_order``): 1F1B keeps
+at most pp - r microbatches in flight on rank r, GPipe all m, interleaved 1F1B (v - 1) k +
+2 (pp - 1 - r) + 1 model chunks (k = microbatches per round, pp when m is a multiple of pp;
+Narayanan et al., 2021). Three things torch's stages hold beside the activations: one receive
+buffer per microbatch for the input (all but the first stage) and for the output gradient
+(all but the last), allocated at the first step and kept (a stage's input *is* its buffer);
+each stage output (the logits on the last stage) until that microbatch's backward; and, under
+the multi-stage schedules, which wait for their sends only at the end of a schedule step,
+every output and input gradient sent until then. Gradients exist from the first backward that
+reaches a parameter (so rank 0 of 1F1B peaks with all its gradients and pp microbatches in
+flight when m > pp); FSDP under PP skips the reduce-scatter until the last microbatch, so its
+gradients accumulate unsharded in the reduce dtype (FSDP2's ``set_requires_gradient_sync``).
+Not modelled: V-shaped placements (ZBVZeroBubble, DualPipeV: modelled as interleaved, which
+places stages r and r + pp instead of r and 2pp - 1 - r) and the zero-bubble split backward;
+an explicit ``pipeline_parallel_module_fqns_per_stage``; pipelined FSDP over several schedule
+steps per optimizer step (modelled as one).
+
+The peak is the largest of three kinds of moment: the loss's backward (every activation of the
+microbatch kept, the head's tensors), the backward of a block (its recomputed activations and
+gradients, the weight gradients so far), and the optimizer step (a temporary per parameter in
+the foreach kernels).
+
+Validation: scripts/validate_plan_memory.py measures every rank's peak with MemTracker for 20
+layouts of the debug model on CPU (FSDP, HSDP, TP, CP, PP 1F1B/GPipe/interleaved, FSDP x TP,
+PP x TP, PP x FSDP; AC modes; bf16), each pipeline rank apart: all within 3.1% (README). Not
+measured: GPU allocator fragmentation (what ``headroom`` is for), float8, the V-shaped and
+zero-bubble schedules (MemTracker cannot follow their ``autograd.grad`` backward).
 
 Communication per step (bytes each GPU sends, ring algorithms: (n-1)/n of the data for an
 all-gather or reduce-scatter, twice that for an all-reduce): FSDP all-gathers parameters (twice
@@ -60,11 +88,13 @@ compute up to its length. Cost: GPU-hours = tokens x flops_per_token / (peak x M
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from typing import TYPE_CHECKING, Any, Literal
 
 from torchtitan_like.components.metrics import GPU_PEAK_TFLOPS
+from torchtitan_like.distributed.pipeline import balance_layers, stages_per_rank
 
 if TYPE_CHECKING:
     from torchtitan_like.config.job_config import JobConfig
@@ -157,6 +187,15 @@ class Layout:
     pp_schedule: PPSchedule = "1F1B"
     pp_virtual_stages: int = 2
     """Model chunks per pipeline rank, for Interleaved1F1B."""
+    pp_microbatches: int = 0
+    """Microbatches per pipeline schedule step; a training step runs several such steps
+    (gradient accumulation) when it has more. 0 = all of a step's in one schedule."""
+    pp_embedding_weight: float = 1.0
+    """The embedding's cost in blocks when layers are balanced over stages (as the trainer)."""
+    pp_output_weight: float = 1.0
+    """The final norm and head's cost in blocks when balancing stages (as the trainer)."""
+    loss_parallel: bool = True
+    """Under TP, the loss runs on vocab-sharded logits (parallelism.disable_loss_parallel)."""
     reshard_after_forward: bool | None = None
     """FSDP frees gathered weights after forward; None = yes unless pipelined (the trainer's
     default)."""
@@ -294,24 +333,81 @@ def bubble_fraction(pp: int, microbatches: int, schedule: PPSchedule = "1F1B",
     return (pp - 1) / (m + pp - 1)
 
 
-def stage_layers(n_layers: int, pp: int) -> list[int]:
-    """Blocks per pipeline stage: an even split, the first stages taking the remainder."""
-    base, extra = divmod(n_layers, pp)
-    return [base + (1 if s < extra else 0) for s in range(pp)]
+def pp_stages_per_rank(layout: Layout) -> int:
+    """Pipeline stages (model chunks) on each PP rank: v for Interleaved1F1B, else 1."""
+    return layout.pp_virtual_stages if layout.pp > 1 and layout.pp_schedule == "Interleaved1F1B" \
+        else 1
 
 
-def in_flight_layers(layout: Layout, stage: int, microbatches: int, layers: int) -> float:
-    """Layer-microbatches whose activations stage ``stage`` holds at its fullest."""
-    pp = layout.pp
+def stage_split(n_layers: int, layout: Layout) -> list[int]:
+    """Blocks of each of the pp x v pipeline stages, as the trainer cuts them
+    (distributed/pipeline.py: ``balance_layers``, the embedding and the head weighing
+    ``pp_embedding_weight`` and ``pp_output_weight`` blocks)."""
+    stages = layout.pp * pp_stages_per_rank(layout)
+    if stages > n_layers:
+        raise LayoutError(f"pp {layout.pp} x {stages // layout.pp} stages per rank exceeds the "
+                          f"{n_layers} layers")
+    return list(_balanced(n_layers, stages, layout.pp_embedding_weight,
+                          layout.pp_output_weight))
+
+
+@functools.lru_cache(maxsize=1024)
+def _balanced(n_layers: int, stages: int, first: float, last: float) -> tuple[int, ...]:
+    return tuple(balance_layers(n_layers, stages, first, last)) if stages > 1 else (n_layers,)
+
+
+def rank_layers(m: ModelShape, layout: Layout, rank: int) -> int:
+    """Blocks PP rank ``rank`` holds, over its stages."""
+    split = stage_split(m.n_layers, layout)
+    return sum(split[i] for i in rank_stages(layout, rank))
+
+
+def rank_stages(layout: Layout, rank: int) -> list[int]:
+    """The stages PP rank ``rank`` holds, looped as torch places them: r, r + pp, ..."""
+    return [rank + i * layout.pp for i in range(pp_stages_per_rank(layout))]
+
+
+def schedule_order(layout: Layout, rank: int, microbatches: int) -> list[tuple[str, int]]:
+    """The forwards ("F") and full backwards ("B") PP rank ``rank`` runs in one step, in
+    order, each with the index of the local stage it runs (0 .. v-1), as
+    torch.distributed.pipelining's schedules order them (Narayanan et al., 2021):
+
+    - without PP, gradient accumulation: F B, m times;
+    - GPipe: m forwards, then m backwards;
+    - 1F1B: w = min(m, pp - r) warm-up forwards, then B F pairs, then the last w backwards,
+      so rank r holds at most pp - r microbatches;
+    - Interleaved1F1B with v stages per rank: microbatches go in rounds of
+      k = m / max(1, m // pp); forward i runs local stage (i // k) mod v, backward j local stage
+      v - 1 - (j // k) mod v; w = min((v - 1) k + 2 (pp - 1 - r), m v) warm-up forwards, then
+      F B pairs, then the last w backwards.
+    """
+    m, pp = microbatches, layout.pp
     if pp == 1:
-        return layers
+        return [("F", 0), ("B", 0)] * m
     if layout.pp_schedule == "GPipe":
-        return microbatches * layers
-    if layout.pp_schedule == "Interleaved1F1B":
-        v = layout.pp_virtual_stages
-        chunks = min(microbatches * v, (v - 1) * pp + 2 * (pp - 1 - stage) + 1)
-        return chunks * layers / v
-    return min(pp - stage, microbatches) * layers
+        return [("F", 0)] * m + [("B", 0)] * m
+    if pp_stages_per_rank(layout) == 1:  # 1F1B
+        warmup = min(m, pp - rank)
+        return [("F", 0)] * warmup + [("B", 0), ("F", 0)] * (m - warmup) + [("B", 0)] * warmup
+    v = pp_stages_per_rank(layout)
+    per_round = m // max(1, m // pp)
+    total = m * v
+    warmup = min((v - 1) * per_round + 2 * (pp - 1 - rank), total)
+    order = [("F", (i // per_round) % v) for i in range(warmup)]
+    for i in range(warmup, total):
+        order += [("F", (i // per_round) % v), ("B", v - 1 - ((i - warmup) // per_round) % v)]
+    return order + [("B", v - 1 - (j // per_round) % v) for j in range(total - warmup, total)]
+
+
+def in_flight_peak(layout: Layout, rank: int, microbatches: int) -> list[int]:
+    """Per local stage, the microbatches it holds when this rank holds the most in all."""
+    counts = [0] * pp_stages_per_rank(layout)
+    best = list(counts)
+    for kind, chunk in schedule_order(layout, rank, microbatches):
+        counts[chunk] += 1 if kind == "F" else -1
+        if sum(counts) > sum(best):
+            best = list(counts)
+    return best
 
 
 def ring_volume(n: int, nbytes: float) -> float:
@@ -356,6 +452,9 @@ class Comm:
 class Plan:
     layout: Layout
     memory: Memory
+    """The peak of the fullest pipeline rank."""
+    stage_totals: list[float]
+    """Peak bytes of each pipeline rank (one entry without PP)."""
     capacity_gib: float
     usable_gib: float
     comms: list[Comm]
@@ -383,7 +482,8 @@ class Plan:
             "layout": dataclasses.asdict(self.layout),
             "memory_gib": {"parameters": m.parameters / GiB, "gradients": m.gradients / GiB,
                            "optimizer": m.optimizer / GiB, "activations": m.activations / GiB,
-                           "total": m.total / GiB, "peak_moment": m.moment, "stage": m.stage},
+                           "total": m.total / GiB, "peak_moment": m.moment, "stage": m.stage,
+                           "per_pipeline_rank": [total / GiB for total in self.stage_totals]},
             "capacity_gib": self.capacity_gib,
             "usable_gib": self.usable_gib,
             "fits": self.fits,
@@ -426,8 +526,7 @@ def validate_layout(m: ModelShape, cluster: Cluster, work: Workload, layout: Lay
     if work.seq_len % (2 * layout.cp) and layout.cp > 1:
         raise LayoutError(f"cp {layout.cp}: seq_len {work.seq_len} must be a multiple of "
                           f"2 x cp (load-balanced chunks)")
-    if layout.pp > m.n_layers:
-        raise LayoutError(f"pp {layout.pp} exceeds the {m.n_layers} layers")
+    stage_split(m.n_layers, layout)  # raises when the stages outnumber the layers
     per_microbatch = layout.dp * layout.local_batch_size
     if work.global_batch % per_microbatch:
         raise LayoutError(f"global batch {work.global_batch} is not a multiple of dp x "
@@ -436,6 +535,10 @@ def validate_layout(m: ModelShape, cluster: Cluster, work: Workload, layout: Lay
     if layout.pp > 1 and microbatches < layout.pp:
         raise LayoutError(f"pp {layout.pp} needs at least {layout.pp} microbatches per step, "
                           f"the batch gives {microbatches}")
+    rounds = max(1, microbatches // layout.pp)
+    if pp_stages_per_rank(layout) > 1 and microbatches % rounds:
+        raise LayoutError(f"Interleaved1F1B runs {microbatches} microbatches in {rounds} equal "
+                          f"rounds (m // pp): use a multiple of pp {layout.pp}")
     return microbatches
 
 
@@ -449,86 +552,146 @@ def _checkpointed(ac: str, layers: int) -> list[bool]:
 
 def stage_memory(m: ModelShape, gpu: GPU, work: Workload, layout: Layout, stage: int,
                  microbatches: int) -> Memory:
-    """Peak bytes on one GPU of pipeline stage ``stage`` (see the module docstring)."""
-    prec, t = work.precision, layout.tp
-    layers = stage_layers(m.n_layers, layout.pp)[stage]
-    first, last = stage == 0, stage == layout.pp - 1
-    # Parameters of this GPU's share of the stage, before FSDP sharding.
+    """Peak bytes on one GPU of pipeline rank ``stage`` (see the module docstring): the
+    largest moment of its schedule (``schedule_order``), walked forward by forward and
+    backward by backward."""
+    prec, t, cb = work.precision, layout.tp, work.precision.compute_bytes
+    split = stage_split(m.n_layers, layout)
+    chunks = [(split[i], i == 0, i == len(split) - 1) for i in rank_stages(layout, stage)]
+    has_last = any(last for _, _, last in chunks)
+    # Parameters of this GPU's share of its stages, before FSDP sharding.
     unit = m.block_params / t
-    local = (layers * m.block_params + (m.embedding_params if first else 0)
-             + (m.head_params if last else 0)) / t
-    shard = local / layout.fsdp_degree
-    master = shard * prec.master_bytes
-    optimizer = shard * prec.master_bytes * prec.optimizer_states
 
-    # Weights in compute dtype beside the master copy, and unsharded gradients.
-    gathered_always = gathered_loss = gathered_layer = unsharded_grads = 0.0
+    def params(layers: int, first: bool, last: bool) -> float:
+        return (layers * m.block_params + (m.embedding_params if first else 0)
+                + (m.head_params if last else 0)) / t
+
+    local = sum(params(*chunk) for chunk in chunks)
+    n = layout.fsdp_degree
+    master = local / n * prec.master_bytes
+    optimizer = master * prec.optimizer_states
+
+    # Weights in compute dtype beside the master copy, and unsharded gradients. Gradients
+    # accumulate per parameter from the first backward that reaches it: sharded, in the master
+    # dtype; but pipelined FSDP skips the reduce-scatter until the last microbatch, so there
+    # they accumulate unsharded, in the reduce dtype.
+    grad_bytes = prec.master_bytes / n
+    gathered_always = gathered_loss = gathered_layer = unit_grads = 0.0
     if layout.fsdp_enabled:
         if layout.reshard:  # only the unit that runs is gathered
-            gathered_layer = unit * prec.compute_bytes
-            gathered_loss = (m.head_params / t if last else unit) * prec.compute_bytes
+            gathered_layer = unit * cb
+            gathered_loss = (m.head_params / t if has_last else unit) * cb
         else:
-            gathered_always = local * prec.compute_bytes
+            gathered_always = local * cb
         # In backward a unit's gradients exist unsharded and again as the reduce-scatter
-        # input; pipelined FSDP accumulates them unsharded (reduce dtype) until the last
-        # microbatch.
-        unit_grads = unit * (prec.compute_bytes + prec.reduce_bytes)
-        unsharded_grads = local * prec.reduce_bytes if layout.pp > 1 else unit_grads
-    elif prec.compute_bytes != prec.master_bytes:  # autocast keeps compute-dtype weight casts
-        gathered_always = local * prec.compute_bytes
+        # input (except under PP, see above).
+        if layout.pp > 1:
+            grad_bytes = prec.reduce_bytes
+        else:
+            unit_grads = unit * (cb + prec.reduce_bytes)
+    elif cb != prec.master_bytes:  # autocast keeps compute-dtype weight casts
+        gathered_always = local * cb
 
-    # Activations of one microbatch on this rank.
+    # Activations of one microbatch on this rank, per block and at the edges of a stage.
     tokens = layout.local_batch_size * work.seq_len / layout.cp
-    cb = prec.compute_bytes
     lse = 4 * m.n_heads / t  # the attention's fp32 logsumexp per token
     full_layer = (layer_elements(m, "none", t, gpu.fused_rms_norm) * cb + lse) * tokens
-    ckpt = _checkpointed(layout.ac, layers)
     kept_ckpt = layer_elements(m, layout.ac, t, gpu.fused_rms_norm) * cb * tokens
     kept_op = (layer_elements(m, "op", t, gpu.fused_rms_norm) * cb + lse) * tokens
-    stored = [kept_ckpt if c else (kept_op if layout.ac == "op" else full_layer) for c in ckpt]
-    per_layer = sum(stored) / max(layers, 1)
     working = (2 * m.dim + m.ffn_hidden_dim) / t * cb * tokens  # gradients alive in a block
-    held = in_flight_layers(layout, stage, microbatches, layers) * per_layer
-    others = held - sum(stored)  # other microbatches in flight (pipelining)
-    head = 0.0
-    if last:
-        norm = ((1 if gpu.fused_rms_norm else 2) * m.dim / t + m.dim) * cb
-        head = (norm + 12 * m.vocab_size / t) * tokens  # fp32 log-probs and two gradients
+    pipelined = layout.pp > 1
+    vocab = m.vocab_size / t
+    norm = ((1 if gpu.fused_rms_norm else 2) * m.dim / t + m.dim) * cb
+    # The last stage keeps the final norm's tensors and the fp32 log-probabilities; a stage
+    # also keeps its output (logits, or the hidden states it sends on) until that
+    # microbatch's backward (PipelineStage's forward cache). The loss's backward adds two
+    # logit-sized fp32 gradients, three under loss parallel (DTensor's fused nll/log-softmax
+    # backward builds zeros, exp(x) and their product).
+    head_kept = (norm + 4 * vocab + (cb * vocab if pipelined else 0)) * tokens
+    loss_grads = (12 if t > 1 and layout.loss_parallel else 8) * vocab * tokens
+    # Pipeline edges: the hidden states a stage sends (its output) or receives (its input),
+    # and their gradients. torch keeps one receive buffer per microbatch for each (allocated
+    # at the first step, kept); a stage's input *is* its receive buffer, so in-flight
+    # microbatches do not count it again. The multi-stage schedules wait for their sends only
+    # at the end of the step, so every output and input gradient sent stays alive until
+    # then; 1F1B and GPipe keep an output only until its backward (the forward cache).
+    edge = m.dim / t * cb * tokens if pipelined else 0.0
+    multi = len(chunks) > 1
+    per_schedule = layout.pp_microbatches or microbatches
+    buffers = sum((0 if first else edge) + (0 if last else edge)
+                  for _, first, last in chunks) * per_schedule
 
-    grads_all = shard * prec.master_bytes
-    accumulated = grads_all if microbatches > 1 and layout.pp == 1 else 0.0
+    block_grads = m.block_params / t * grad_bytes
+    stored, kept, grads = [], [], []
+    for layers, first, last in chunks:
+        ckpt = _checkpointed(layout.ac, layers)
+        stored.append([kept_ckpt if c else (kept_op if layout.ac == "op" else full_layer)
+                       for c in ckpt])
+        output = head_kept if last else (0.0 if multi else edge)
+        kept.append(sum(stored[-1]) + output - (0.0 if first else edge))
+        grads.append(params(layers, first, last) * grad_bytes)
 
     moments: list[Memory] = []
-    # 1. The loss's backward (last stage) or the end of the warm-up forwards.
-    moments.append(Memory(
-        parameters=master + gathered_always + gathered_loss,
-        gradients=accumulated + (unsharded_grads if layout.pp > 1 else 0.0),
-        optimizer=optimizer,
-        activations=held + head,
-        moment="backward of the loss" if last else "end of the warm-up forwards",
-        stage=stage,
-    ))
-    # 2. The backward of layer k: earlier layers' activations, layer k's (recomputed), the
-    #    gradients of the layers after it. A checkpointed block (and an op-level one, for its
-    #    element-wise ops) recomputes its forward first.
-    for k in range(layers):
-        recomputes = ckpt[k] or layout.ac == "op"
-        act = others + sum(stored[:k]) + (full_layer if recomputes else stored[k]) + working
-        grads = max(accumulated, grads_all * (layers - k) / layers)
-        moments.append(Memory(
-            parameters=master + gathered_always + gathered_layer,
-            gradients=grads + unsharded_grads,
-            optimizer=optimizer,
-            activations=act,
-            moment=f"backward of layer {k} of the stage",
-            stage=stage,
-        ))
-    # 3. The optimizer step: foreach kernels make one temporary per parameter.
+
+    def backward(c: int, others: float, other_grads: float, accumulated: bool) -> None:
+        """The moments of one backward of local stage ``c`` while ``others`` bytes of other
+        microbatches' activations and ``other_grads`` of other stages' gradients exist."""
+        layers, first, last = chunks[c]
+        done = grads[c] if accumulated else 0.0
+        others -= 0.0 if first else edge  # stored[c] has the stage input: a receive buffer
+        if last:  # the loss's backward: every activation of the microbatch is alive
+            moments.append(Memory(
+                parameters=master + gathered_always + gathered_loss,
+                gradients=other_grads + done,
+                optimizer=optimizer,
+                activations=others + sum(stored[c]) + head_kept + loss_grads,
+                moment="backward of the loss",
+                stage=stage,
+            ))
+        # The backward of block k: earlier blocks' activations, block k's (recomputed if
+        # checkpointed, and under op-level SAC for its element-wise ops), the gradients of
+        # the blocks from k on (and of the head).
+        ckpt = _checkpointed(layout.ac, layers)
+        head = m.head_params / t * grad_bytes if last else 0.0
+        for k in range(layers):
+            recomputes = ckpt[k] or layout.ac == "op"
+            act = others + sum(stored[c][:k]) + (full_layer if recomputes else stored[c][k]) \
+                + working
+            partial = (layers - k) * block_grads + head
+            moments.append(Memory(
+                parameters=master + gathered_always + gathered_layer,
+                gradients=other_grads + max(done, partial) + unit_grads,
+                optimizer=optimizer,
+                activations=act,
+                moment=f"backward of layer {k} of the stage" if len(chunks) == 1 else
+                f"backward of layer {k} of stage {rank_stages(layout, stage)[c]}",
+                stage=stage,
+            ))
+
+    # Walk the schedule (once per schedule step when a training step runs several).
+    in_flight = [0] * len(chunks)
+    has_grads = [False] * len(chunks)
+    for _ in range(microbatches // per_schedule):
+        sent = 0.0  # the multi-stage schedules wait for their sends at the end of a step
+        for kind, c in schedule_order(layout, stage, per_schedule):
+            _, first, last = chunks[c]
+            if kind == "F":
+                in_flight[c] += 1
+                sent += edge if multi and not last else 0.0
+                continue
+            others = sum(count * kept[i] for i, count in enumerate(in_flight)) - kept[c]
+            other_grads = sum(g for i, g in enumerate(grads) if has_grads[i] and i != c)
+            backward(c, buffers + sent + others, other_grads, has_grads[c])
+            in_flight[c] -= 1
+            has_grads[c] = True
+            sent += edge if multi and not first else 0.0
+    # The optimizer step (sharded gradients, as many bytes as the master weights): foreach
+    # kernels make one temporary per parameter; the pipeline's receive buffers stay.
     moments.append(Memory(
         parameters=master,
-        gradients=grads_all,
+        gradients=master,
         optimizer=optimizer + master,
-        activations=0.0,
+        activations=buffers,
         moment="optimizer step",
         stage=stage,
     ))
@@ -545,7 +708,7 @@ def communication(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
                   microbatches: int) -> list[Comm]:
     """Bytes each GPU sends per step, per parallel dimension, and the link it uses."""
     prec, t, cp, pp = work.precision, layout.tp, layout.cp, layout.pp
-    layers = stage_layers(m.n_layers, pp)[0]
+    layers = rank_layers(m, layout, 0)
     local = (layers * m.block_params + m.embedding_params) / t
     tokens = layout.local_batch_size * work.seq_len  # per microbatch, before CP
     sbh = tokens * m.dim * prec.compute_bytes
@@ -582,8 +745,8 @@ def plan(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout, *,
     """Memory, communication, time and cost of ``layout``; LayoutError if it cannot run."""
     microbatches = validate_layout(m, cluster, work, layout)
     gpu = cluster.gpu
-    memory = max((stage_memory(m, gpu, work, layout, s, microbatches)
-                  for s in range(layout.pp)), key=lambda mem: mem.total)
+    stages = [stage_memory(m, gpu, work, layout, s, microbatches) for s in range(layout.pp)]
+    memory = max(stages, key=lambda mem: mem.total)
     comms = communication(m, cluster, work, layout, microbatches)
 
     fpt = m.flops_per_token(work.seq_len)
@@ -614,11 +777,17 @@ def plan(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout, *,
     gpu_seconds = work.tokens * fpt / (peak * used)
     gpu_hours = gpu_seconds / 3600
     notes = []
-    if layout.pp > 1 and layout.pp_schedule != "GPipe":
-        notes.append(f"stage 0 holds {min(layout.pp, microbatches)} microbatches in flight")
+    if layout.pp > 1:
+        held = in_flight_peak(layout, 0, layout.pp_microbatches or microbatches)
+        notes.append(f"pipeline rank 0 holds up to {sum(held)} microbatch(es) in flight"
+                     + (f" over its {len(held)} stages" if len(held) > 1 else ""))
+        if layout.fsdp_enabled:
+            notes.append("under PP, FSDP accumulates unsharded gradients in the reduce dtype "
+                         "until the last microbatch")
     return Plan(
         layout=layout,
         memory=memory,
+        stage_totals=[mem.total for mem in stages],
         capacity_gib=gpu.memory_gib,
         usable_gib=gpu.memory_gib * (1 - headroom),
         comms=comms,
@@ -649,7 +818,7 @@ def plan_fitting(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout
     choice, full, when nothing fits)."""
     if layout.ac != "auto":
         return plan(m, cluster, work, layout, **kwargs)
-    layers = stage_layers(m.n_layers, layout.pp)[0]
+    layers = max(stage_split(m.n_layers, layout))
     result = None
     for ac in ac_candidates(m, layers):
         result = plan(m, cluster, work, dataclasses.replace(layout, ac=ac), **kwargs)
@@ -715,14 +884,21 @@ def ac_of(config: JobConfig) -> str:
 
 
 def predict_peak(config: JobConfig, num_gpus: int, gpu: GPU) -> Memory:
-    """The planner's peak memory per rank for a job config (all ranks on one node)."""
-    model, workload, layout = from_job_config(config, num_gpus)
-    return plan(model, Cluster(gpu, gpus_per_node=num_gpus), workload, layout).memory
+    """The planner's peak memory per rank for a job config (all ranks on one node): that of
+    the fullest pipeline rank."""
+    return max(predict_stage_peaks(config, num_gpus, gpu), key=lambda mem: mem.total)
+
+
+def predict_stage_peaks(config: JobConfig, num_gpus: int, gpu: GPU) -> list[Memory]:
+    """The planner's peak memory of each pipeline rank for a job config (one entry without
+    PP); global rank r is on pipeline rank r // (num_gpus / pp)."""
+    model, work, layout = from_job_config(config, num_gpus)
+    microbatches = validate_layout(model, Cluster(gpu, gpus_per_node=num_gpus), work, layout)
+    return [stage_memory(model, gpu, work, layout, s, microbatches) for s in range(layout.pp)]
 
 
 def from_job_config(config: JobConfig, num_gpus: int) -> tuple[ModelShape, Workload, Layout]:
-    """Model, workload and layout of a job config run on ``num_gpus`` GPUs. Degrees a branch
-    does not have yet (tensor/pipeline/context parallel) read as 1."""
+    """Model, workload and layout of a job config run on ``num_gpus`` GPUs."""
     from torchtitan_like.config.validate import parallel_dims_of
     from torchtitan_like.models.registry import model_spec_and_args
 
@@ -733,14 +909,18 @@ def from_job_config(config: JobConfig, num_gpus: int) -> tuple[ModelShape, Workl
                           compute_bytes=_DTYPE_BYTES[t.mixed_precision_param],
                           reduce_bytes=_DTYPE_BYTES[t.mixed_precision_reduce])
     pipelined = dims.pp > 1
-    microbatch = getattr(p, "pipeline_parallel_microbatch_size", 1) if pipelined else \
-        t.local_batch_size
+    microbatch = p.pipeline_parallel_microbatch_size if pipelined else t.local_batch_size
     global_batch = t.global_batch_size if t.global_batch_size != -1 else \
         t.local_batch_size * dims.dp
     reshard = {"default": None, "always": True, "never": False}[p.fsdp_reshard_after_forward]
     layout = Layout(dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard, cp=dims.cp,
                     tp=dims.tp, pp=dims.pp, local_batch_size=microbatch, ac=ac_of(config),
-                    pp_schedule=planned_schedule(getattr(p, "pipeline_parallel_schedule", "")),
+                    pp_schedule=planned_schedule(p.pipeline_parallel_schedule),
+                    pp_virtual_stages=max(2, stages_per_rank(p)),
+                    pp_microbatches=t.local_batch_size // microbatch if pipelined else 0,
+                    pp_embedding_weight=p.pipeline_parallel_embedding_weight,
+                    pp_output_weight=p.pipeline_parallel_output_weight,
+                    loss_parallel=not p.disable_loss_parallel,
                     reshard_after_forward=reshard)
     workload = Workload(seq_len=t.seq_len, global_batch=global_batch, precision=precision)
     return ModelShape.from_args(args), workload, layout
