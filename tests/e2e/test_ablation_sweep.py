@@ -59,5 +59,6 @@ overrides = ["--parallelism.data_parallel_replicate_degree=3"]
     assert len(rows) == 4 and rows[3].startswith("impossible,failed (exit 1),2,0,")
     table = (out / "results.md").read_text()
     assert "| FSDP 2 | 2 | ok |" in table and "**impossible** (failed (exit 1))" in table
-    assert (out / "results.png").stat().st_size > 0
+    chart = out / "results.png"  # or a note in the table without the `plot` extra
+    assert chart.is_file() or "No chart: matplotlib is not installed" in table
     assert (out / "impossible" / "train.log").read_text().startswith("$ NPROC=2 ")

@@ -131,7 +131,7 @@ def _sweep(tmp_path: Path) -> Sweep:
                  output_folder=tmp_path)
 
 
-def test_results_table_csv_and_chart(tmp_path):
+def test_results_table_and_csv(tmp_path):
     results = [_result("base", [5.0, 4.0, 3.0]), _result("faster", [5.0, 4.0, 3.25]),
                _result("broken", [], "failed (exit 1)", "config error: no")]
     write_results(_sweep(tmp_path), results, tmp_path)
@@ -143,6 +143,11 @@ def test_results_table_csv_and_chart(tmp_path):
     table = (tmp_path / "results.md").read_text()
     assert "| faster | 2 | ok | 250 | 2.50 | 0.700 |  | 3.2500 | +0.2500 |" in table
     assert "**broken** (failed (exit 1)): `config error: no`" in table
+
+
+def test_chart(tmp_path):
+    pytest.importorskip("matplotlib", reason="optional extra `plot` not installed")
+    write_results(_sweep(tmp_path), [_result("base", [5.0, 4.0, 3.0])], tmp_path)
     assert (tmp_path / "results.png").stat().st_size > 0
 
 
