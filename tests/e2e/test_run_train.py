@@ -37,7 +37,7 @@ def test_custom_model_trains_with_fsdp_like_one_process(tmp_path, corpus):
               "--validation.enable=false", "--training.dataset=local",
               f"--training.dataset_path={corpus}"]
     out = run_train(tmp_path / "two", *common, nproc=2, config=config)
-    assert "tiny_gpt small" in out and "dp_shard=2" in out
+    assert "tiny_gpt small" in out and "dp_shard 2" in out
     run_train(tmp_path / "one", *common, config=config)
     two, one = losses(read_metrics(tmp_path / "two")), losses(read_metrics(tmp_path / "one"))
     assert two[-1] < two[0]

@@ -37,6 +37,11 @@ class ParallelDims:
     enable_loss_parallel: bool = True
     """Under TP, compute the loss on vocab-sharded logits (see distributed/tensor_parallel.py)."""
 
+    def __str__(self) -> str:
+        """e.g. ``pp 1 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 2 = 4 ranks``."""
+        dims = " x ".join(f"{d} {getattr(self, d)}" for d in MESH_DIMS)
+        return f"{dims} = {self.world_size} ranks"
+
     @classmethod
     def resolve(
         cls,
