@@ -58,16 +58,6 @@ def set_determinism(seed: int, deterministic: bool) -> None:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
-def _dtensor_rng_is_layout_independent(model: nn.Module) -> bool:
-    """DTensor's random ops give every shard its slice of the unsharded random stream only on
-    devices with an offset-based (Philox) generator; on CPU each shard draws the same numbers,
-    which would make shards identical copies of each other."""
-    return all(
-        not isinstance(p, DTensor) or p.device_mesh.device_type != "cpu"
-        for p in model.parameters()
-    )
-
-
 @torch.no_grad()
 def init_weights(
     model_parts: list[nn.Module],
@@ -91,10 +81,11 @@ def init_weights(
         for part, stage in zip(model_parts, stage_ids or [0] * len(model_parts), strict=True):
             torch.manual_seed(seed + stage)
             part.init_weights()
-    on_cpu = all(p.device.type == "cpu" for part in model_parts for p in part.parameters())
-    if not (stage_ids is not None and on_cpu) and all(
-        _dtensor_rng_is_layout_independent(part) for part in model_parts
-    ):
+    parameters = [p for part in model_parts for p in part.parameters()]
+    # DTensor's random ops give each shard its slice of the unsharded random stream only with
+    # an offset-based (Philox) generator; on CPU every shard draws the same numbers.
+    sharded_or_split = stage_ids is not None or any(isinstance(p, DTensor) for p in parameters)
+    if not (sharded_or_split and all(p.device.type == "cpu" for p in parameters)):
         return
     with torch.device("cpu"):
         reference = build_reference()
