@@ -9,7 +9,6 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from torchtitan_like.config.job_config import JobConfig, Parallelism
 from torchtitan_like.config.manager import ConfigError, field_docs, parse_args
-from torchtitan_like.config.validate import parallel_dims_of
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.tensor_parallel import maybe_enable_async_tp
 from torchtitan_like.logging import logger
@@ -27,11 +26,11 @@ def test_fields_are_documented_and_reach_parallel_dims():
     for name in ("tensor_parallel_degree", "disable_loss_parallel",
                  "enable_async_tensor_parallel"):
         assert docs[name]
-    dims = parallel_dims_of(parse_args(tp(2), 4), 4)
+    dims = ParallelDims.from_config(parse_args(tp(2), 4), 4)
     assert (dims.tp, dims.dp_shard, dims.loss_parallel_enabled) == (2, 2, True)
-    dims = parallel_dims_of(parse_args(tp(2, "--parallelism.disable_loss_parallel"), 2), 2)
+    dims = ParallelDims.from_config(parse_args(tp(2, "--parallelism.disable_loss_parallel"), 2), 2)
     assert (dims.tp, dims.loss_parallel_enabled) == (2, False)
-    assert not parallel_dims_of(parse_args(TINY, 2), 2).loss_parallel_enabled  # no TP
+    assert not ParallelDims.from_config(parse_args(TINY, 2), 2).loss_parallel_enabled  # no TP
 
 
 @pytest.mark.parametrize("degree, world, field", [
