@@ -8,6 +8,7 @@ formulas. The seed examples are the issue's: 70B on 15T tokens at 40% MFU on H10
 """
 
 import dataclasses
+import itertools
 import json
 
 import pytest
@@ -204,7 +205,7 @@ def test_invalid_layouts_explain_themselves():
     m, cluster = shape("8B"), Cluster(H100, 8, 1)
     work = Workload(seq_len=4096, global_batch=8)
     # The trainer's own rules and messages (distributed/layout_rules.py).
-    with pytest.raises(LayoutError, match="n_heads = 32 is not divisible by .*degree = 3"):
+    with pytest.raises(LayoutError, match=r"n_heads = 32 is not divisible by .*degree = 3"):
         plan(m, Cluster(H100, 3, 1), Workload(seq_len=4095, global_batch=8), Layout(tp=3))
     with pytest.raises(LayoutError, match="uses 4 GPUs, the cluster has 8"):
         plan(m, cluster, work, Layout(dp_shard=4))
@@ -222,7 +223,7 @@ def test_search_ranks_fitting_layouts():
     assert 1 <= len(plans) <= 4
     assert all(p.fits and p.layout.tp <= 8 and p.layout.num_gpus == 32 for p in plans)
     # Fastest first, except that a simpler layout within 3% may go ahead.
-    for a, b in zip(plans, plans[1:], strict=False):
+    for a, b in itertools.pairwise(plans):
         assert a.step_seconds <= b.step_seconds * 1.03 + 1e-9
 
 

@@ -60,6 +60,9 @@ def from_job_config(config: JobConfig, num_gpus: int) -> tuple[ModelShape, Workl
     dims = ParallelDims.from_config(config, num_gpus)
     pipelined = dims.pp > 1
     microbatch = p.pipeline_parallel_microbatch_size if pipelined else t.local_batch_size
+    if pipelined:  # the layout keeps microbatches per schedule, not the local batch: check it
+        layout_rules.check_microbatches(dims.pp, stages_per_rank(p), p.pipeline_parallel_schedule,
+                                        t.local_batch_size, microbatch)
     reshard = {"default": None, "always": True, "never": False}[p.fsdp_reshard_after_forward]
     compiled = config.compile.enable and "model" in config.compile.components
     layout = Layout(dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard, cp=dims.cp,
