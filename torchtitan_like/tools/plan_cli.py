@@ -41,10 +41,10 @@ SCHEDULES = ["1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBu
 PINNABLE = ("tp", "cp", "pp", "dp_replicate", "dp_shard", "ac", "local_batch_size",
             "pp_schedule", "compile", "float8", "async_tp")
 """Layout flags that --search keeps when given."""
-KEPT_OPTIONS = ("pp_schedule", "pp_virtual_stages", "local_batch_size", "loss_parallel",
-                "reshard_after_forward", "cp_load_balancer", "pp_embedding_weight",
-                "pp_output_weight", "compile", "float8", "async_tp")
-"""Options of the base layout (flags or --config) every searched layout keeps."""
+KEPT_OPTIONS = ("local_batch_size", "loss_parallel", "reshard_after_forward", "cp_load_balancer",
+                "pp_embedding_weight", "pp_output_weight", "compile", "float8", "async_tp")
+"""Options of the base layout (flags or --config) every searched layout keeps; a --config also
+keeps its pipeline schedule."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -304,7 +304,8 @@ def format_search(plans: list[Plan], model: ModelShape, cluster: Cluster, work: 
         "",
         f"Best {len(plans)} fitting layouts by predicted step time (the simpler first within "
         f"3%; each with the least activation checkpointing that fits; pinned: {pinned}):",
-        f"{'#':>2}  {'tp':>2} {'cp':>2} {'pp':>3} {'dp (rep x shard)':>17}  {'ac':8} "
+        f"{'#':>2}  {'tp':>2} {'cp':>2} {'pp':>3} {'schedule':15} {'dp (rep x shard)':>17}  "
+        f"{'ac':8} "
         f"{'GiB':>6}  {'bubble':>6}  {'tok/s/GPU':>9}  {'MFU':>6}  {'step s':>7}"
         + ("  days" if work.tokens else ""),
     ]
@@ -312,7 +313,8 @@ def format_search(plans: list[Plan], model: ModelShape, cluster: Cluster, work: 
         lay = r.layout
         dp = f"{lay.dp_replicate} x {lay.dp_shard}"
         ac = "every " + lay.ac if lay.ac.isdigit() else lay.ac
-        lines.append(f"{i:>2}  {lay.tp:>2} {lay.cp:>2} {lay.pp:>3} {dp:>17}  {ac:8} "
+        schedule = lay.pp_schedule if lay.pp > 1 else "-"
+        lines.append(f"{i:>2}  {lay.tp:>2} {lay.cp:>2} {lay.pp:>3} {schedule:15} {dp:>17}  {ac:8} "
                      f"{r.memory.total / GiB:6.1f}  {r.bubble:6.1%}  "
                      f"{r.tokens_per_second_per_gpu:9,.0f}  {r.mfu_estimate:6.1%}  "
                      f"{r.step_seconds:7.2f}" + (f"  {r.days:.1f}" if work.tokens else ""))
@@ -325,7 +327,8 @@ def format_search(plans: list[Plan], model: ModelShape, cluster: Cluster, work: 
 
 def _run_search(model: ModelShape, cluster: Cluster, work: Workload, layout: Layout,
                 args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
-    pins = {**{k: getattr(layout, k) for k in KEPT_OPTIONS}, **pins_of(args)}
+    kept = KEPT_OPTIONS + (("pp_schedule", "pp_virtual_stages") if args.config else ())
+    pins = {**{k: getattr(layout, k) for k in kept}, **pins_of(args)}
     plans = search(model, cluster, work, pins=pins, top=args.top, **kwargs)
     print(json.dumps([p.to_dict() for p in plans], indent=1) if args.json
           else format_search(plans, model, cluster, work, args, pins_of(args)))

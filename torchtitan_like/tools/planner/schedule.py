@@ -63,6 +63,11 @@ def rank_layers(m: ModelShape, layout: Layout, rank: int) -> int:
     return sum(split[i] for i in rank_stages(layout, rank))
 
 
+def busiest_rank_layers(m: ModelShape, layout: Layout) -> int:
+    """Blocks of the PP rank holding the most: the pipeline runs at its pace."""
+    return max(rank_layers(m, layout, r) for r in range(layout.pp))
+
+
 def rank_stages(layout: Layout, rank: int) -> list[int]:
     """The stages PP rank ``rank`` holds, in the trainer's placement."""
     return stage_ids(rank, layout.pp, layout.stages_per_rank, layout.pp_schedule)

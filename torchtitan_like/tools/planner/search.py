@@ -3,9 +3,10 @@ least activation checkpointing that fits, ranked by predicted step time, the sim
 first when two are within ``SIMPLER_WITHIN`` of each other, each with why it beats the next.
 
 Free degrees range over powers of two: TP within a node (the trainer warns past it, and its
-per-layer collectives would cross the network), CP up to 16, PP up to 64; FSDP takes the rest
-of the ranks, or HSDP with one shard group per node. A pinned degree or option (``pins``: any
-``Layout`` field, e.g. ``{"tp": 8, "cp": 1, "float8": True}``) is never changed.
+per-layer collectives would cross the network), CP up to 16 (only when nothing fits without
+it), PP up to 64; FSDP takes the rest of the ranks, or HSDP with one shard group per node.
+A pinned degree or option (``pins``: any ``Layout`` field, e.g. ``{"tp": 8, "cp": 1,
+"float8": True}``) is never changed; an unpinned pipeline schedule is 1F1B or Interleaved1F1B.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def candidates(cluster: Cluster, pins: dict[str, Any]) -> Iterator[Layout]:
     n = cluster.num_gpus
     options = {k: v for k, v in pins.items() if k not in DEGREES}
     options.setdefault("ac", "auto")
+    pinned_schedule = options.pop("pp_schedule", None)
     tps = [pins["tp"]] if "tp" in pins else _powers_of_two(cluster.gpus_per_node)
     cps = [pins["cp"]] if "cp" in pins else _powers_of_two(16)
     pps = [pins["pp"]] if "pp" in pins else _powers_of_two(min(n, 64))
@@ -56,9 +58,11 @@ def candidates(cluster: Cluster, pins: dict[str, Any]) -> Iterator[Layout]:
         else:
             per_node = cluster.gpus_per_node // (tp * cp)
             shards = {dp} | ({per_node} if 1 < per_node < dp and dp % per_node == 0 else set())
-        for dp_shard in sorted(shards):
+        schedules = [pinned_schedule] if pinned_schedule else \
+            ["1F1B"] if pp == 1 else ["1F1B", "Interleaved1F1B"]
+        for dp_shard, schedule in itertools.product(sorted(shards), schedules):
             yield Layout(dp_replicate=dp // dp_shard, dp_shard=dp_shard, cp=cp, tp=tp, pp=pp,
-                         **options)
+                         pp_schedule=schedule, **options)
 
 
 def complexity(layout: Layout) -> tuple[int, ...]:
@@ -84,23 +88,35 @@ def rank(plans: list[Plan], within: float = SIMPLER_WITHIN) -> list[Plan]:
 
 def search(m: ModelShape, cluster: Cluster, work: Workload, *, pins: dict[str, Any] | None = None,
            top: int = 5, **kwargs: Any) -> list[Plan]:
-    """The ``top`` fitting layouts (see the module docstring)."""
+    """The ``top`` fitting layouts (see the module docstring). Unless CP is pinned, layouts
+    with CP are searched only when none without fits: CP splits the same work over more
+    ranks to fit a long sequence, and the model prices its costs (short attention chunks,
+    ring-step latency) too low to rank it fairly against layouts without it."""
+    pins = pins or {}
+    plans = _fitting(m, cluster, work, pins if "cp" in pins else {**pins, "cp": 1}, kwargs)
+    if not plans and "cp" not in pins:
+        plans = _fitting(m, cluster, work, pins, kwargs)
+    return rank(plans)[:top]
+
+
+def _fitting(m: ModelShape, cluster: Cluster, work: Workload, pins: dict[str, Any],
+             kwargs: dict[str, Any]) -> list[Plan]:
     plans = []
-    for layout in candidates(cluster, pins or {}):
+    for layout in candidates(cluster, pins):
         try:
             result = plan_fitting(m, cluster, work, layout, **kwargs)
         except LayoutError:
             continue
         if result.fits:
             plans.append(result)
-    return rank(plans)[:top]
+    return plans
 
 
 def why_better(a: Plan, b: Plan) -> str:
     """Why ``a`` ranks above ``b``: the step-time parts that differ most, and memory."""
     gain = b.step_seconds - a.step_seconds
-    if gain <= a.step_seconds * SIMPLER_WITHIN and complexity(a.layout) < complexity(b.layout):
-        head = f"simpler, within {SIMPLER_WITHIN:.0%} ({gain:+.2f} s)"
+    if gain <= 0:  # promoted over a faster layout by the near-tie rule
+        head = f"simpler, within {SIMPLER_WITHIN:.0%} ({-gain:.2f} s slower)"
     else:
         head = f"{gain:.2f} s faster"
     parts_a, parts_b = a.step.parts(), b.step.parts()

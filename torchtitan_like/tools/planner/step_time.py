@@ -1,14 +1,15 @@
 """Step time on one GPU, in named parts, and the tokens/s and MFU that follow.
 
+    (every compute part on the busiest pipeline rank: x its blocks / the average)
     gemm        weight matmuls: 6 FLOPs per weight per token (the model's flops_per_token
                 less attention), at ``gpu.gemm_efficiency`` of the bf16 peak (the measured
                 best large matmul, MAMF; inputs.py gives the source per GPU); with Float8
                 the blocks' linears (not the output head) at the fp8 peak x
                 FLOAT8_GEMM_EFFICIENCY instead
     attention   QK^T and AV forward and backward (a causal flash kernel computes half the
-                score matrix) at ATTENTION_EFFICIENCY of the bf16 peak, plus the blocks'
-                memory-bound kernels: MEMORY_BOUND_PASSES x the block's activation bytes over
-                the HBM bandwidth
+                score matrix) at ATTENTION_EFFICIENCY of the bf16 peak
+    memory_bound  the blocks' element-wise kernels: MEMORY_BOUND_PASSES x the bytes of the
+                activations they produce, over the HBM bandwidth
     recompute   one more forward of every fully checkpointed block (a third of its share of
                 the two parts above); op-level selective AC recomputes only element-wise ops
                 (counted in the passes)
@@ -33,7 +34,12 @@ import dataclasses
 from torchtitan_like.tools.planner.activations import layer_elements
 from torchtitan_like.tools.planner.communication import Comm
 from torchtitan_like.tools.planner.inputs import Cluster, Layout, ModelShape, Workload
-from torchtitan_like.tools.planner.schedule import bubble_fraction, checkpointed, rank_layers
+from torchtitan_like.tools.planner.schedule import (
+    bubble_fraction,
+    busiest_rank_layers,
+    checkpointed,
+    rank_layers,
+)
 
 ATTENTION_EFFICIENCY = 0.35
 """FlashAttention-2 reaches about 35% of an H100's bf16 peak (Shah et al., "FlashAttention-3",
@@ -58,6 +64,7 @@ class StepTime:
 
     gemm: float
     attention: float
+    memory_bound: float
     recompute: float
     tp: float
     cp: float
@@ -67,7 +74,7 @@ class StepTime:
 
     @property
     def compute(self) -> float:
-        return self.gemm + self.attention + self.recompute
+        return self.gemm + self.attention + self.memory_bound + self.recompute
 
     @property
     def total(self) -> float:
@@ -86,11 +93,12 @@ def _elementwise_elements(m: ModelShape, tp: int, fused_norm: bool) -> float:
 
 
 def compute_times(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout
-                  ) -> tuple[float, float, float]:
-    """(gemm, attention with memory-bound kernels, recompute) seconds per step on one GPU."""
+                  ) -> tuple[float, float, float, float]:
+    """(gemm, attention, memory_bound, recompute) seconds per step on one GPU."""
     gpu = cluster.gpu
     local_tokens = work.global_batch * work.seq_len / layout.dp / layout.cp
     tokens = local_tokens / (layout.tp * layout.pp)  # FLOPs split over TP and PP too
+    imbalance = busiest_rank_layers(m, layout) * layout.pp / m.n_layers  # the slowest stage
     attention_model = m.attention_flops_per_token(work.seq_len)
     gemm_flops = tokens * (m.flops_per_token(work.seq_len) - attention_model)
     head_flops = tokens * 6 * m.vocab_size * m.dim  # the output projection (stays bf16)
@@ -100,22 +108,24 @@ def compute_times(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
         gemm = head_flops / bf16 + (gemm_flops - head_flops) / fp8
     else:
         gemm = gemm_flops / bf16
+    gemm *= imbalance
     attention = tokens * attention_model / 2 / (gpu.peak_tflops * 1e12 * ATTENTION_EFFICIENCY)
     passes = MEMORY_BOUND_PASSES["compiled" if layout.compile else "eager"]
     elements = _elementwise_elements(m, layout.tp, gpu.fused_rms_norm) * m.n_layers / layout.pp
+    attention *= imbalance
     memory_bound = local_tokens * elements * work.precision.compute_bytes * passes \
-        / (gpu.hbm_tbps * 1e12)
+        / (gpu.hbm_tbps * 1e12) * imbalance
     share = sum(checkpointed(layout.ac, m.n_layers)) / m.n_layers
-    block_gemm = gemm * (1 - head_flops / gemm_flops)
+    block_gemm = gemm * (1 - head_flops / gemm_flops)  # (the head is on one stage: approx.)
     recompute = share * (block_gemm + attention + memory_bound) / 3
-    return gemm, attention + memory_bound, recompute
+    return gemm, attention, memory_bound, recompute
 
 
 def estimate_step_time(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout,
               microbatches: int, comms: list[Comm]) -> StepTime:
     """The parts of one optimizer step on the busiest GPU."""
-    gemm, attention, recompute = compute_times(m, cluster, work, layout)
-    compute = gemm + attention + recompute
+    gemm, attention, memory_bound, recompute = compute_times(m, cluster, work, layout)
+    compute = gemm + attention + memory_bound + recompute
     seconds = {c.dim: c.seconds for c in comms}
     tp = seconds.get("tp", 0.0)
     if layout.async_tp:
@@ -127,5 +137,6 @@ def estimate_step_time(m: ModelShape, cluster: Cluster, work: Workload, layout: 
     b = bubble_fraction(layout.pp, microbatches, layout.modelled_schedule,
                         layout.stages_per_rank)
     bubble = (compute + tp + cp) * b / (1 - b)
-    return StepTime(gemm=gemm, attention=attention, recompute=recompute, tp=tp, cp=cp,
-                    fsdp=fsdp, pp=seconds.get("pp", 0.0), bubble=bubble)
+    return StepTime(gemm=gemm, attention=attention, memory_bound=memory_bound,
+                    recompute=recompute, tp=tp, cp=cp, fsdp=fsdp, pp=seconds.get("pp", 0.0),
+                    bubble=bubble)
