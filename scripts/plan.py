@@ -1,6 +1,6 @@
 """Plan a cluster run: python scripts/plan.py --flavor 70B --gpu H100 --num_gpus 512 ...
 
-See torchtitan_like/tools/plan_cli.py and tools/planner.py; also runnable as
+See torchtitan_like/tools/plan_cli.py and the tools/planner/ package; also runnable as
 python -m torchtitan_like.tools.plan_cli.
 """
 
