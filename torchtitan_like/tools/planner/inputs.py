@@ -39,7 +39,7 @@ class GPU:
     hbm_tbps: float = 3.35
     """TB/s of device memory bandwidth (datasheet), for the memory-bound kernels."""
     fp8_tflops: float = 0.0
-    """Dense fp8 TFLOP/s (0: no fp8 tensor cores, Float8 is refused)."""
+    """Dense fp8 TFLOP/s (0: no fp8 tensor cores; Float8 is timed at the bf16 rate)."""
     fused_rms_norm: bool = True
     """RMSNorm is one kernel keeping only its input (CUDA, ROCm); the composite CPU version
     also keeps the normalised tensor."""

@@ -24,8 +24,6 @@ def validate_layout(m: ModelShape, cluster: Cluster, work: Workload, layout: Lay
                           f"{cluster.num_gpus}")
     if layout.tp > cluster.gpus_per_node:
         raise LayoutError(f"tp {layout.tp} spans more than a node ({cluster.gpus_per_node} GPUs)")
-    if layout.float8 and not cluster.gpu.fp8_tflops:
-        raise LayoutError(f"float8: the {cluster.gpu.name} has no fp8 tensor cores")
     if layout.async_tp and not (layout.compile and layout.tp > 1):
         raise LayoutError("async TP needs tp > 1 and compiled blocks")
     try:

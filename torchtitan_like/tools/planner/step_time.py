@@ -103,7 +103,7 @@ def compute_times(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
     gemm_flops = tokens * (m.flops_per_token(work.seq_len) - attention_model)
     head_flops = tokens * 6 * m.vocab_size * m.dim  # the output projection (stays bf16)
     bf16 = gpu.peak_tflops * 1e12 * gpu.gemm_efficiency
-    if layout.float8:
+    if layout.float8 and gpu.fp8_tflops:  # (without fp8 tensor cores: emulated, bf16 rate)
         fp8 = gpu.fp8_tflops * 1e12 * FLOAT8_GEMM_EFFICIENCY
         gemm = head_flops / bf16 + (gemm_flops - head_flops) / fp8
     else:
