@@ -22,6 +22,7 @@ from torchtitan_like.components.checkpoint import CheckpointError, CheckpointMan
 from torchtitan_like.components.compile import maybe_compile_loss, set_inductor_cache
 from torchtitan_like.components.converters import build_converters
 from torchtitan_like.components.data.dataloader import build_dataloader
+from torchtitan_like.components.data.tokenized import report_mixture
 from torchtitan_like.components.data.tokenizer import build_tokenizer
 from torchtitan_like.components.fault_injection import FaultInjector
 from torchtitan_like.components.loss import count_labelled_tokens, cross_entropy_sum
@@ -60,7 +61,8 @@ class Trainer:
         self.tokenizer = build_tokenizer(config.model.tokenizer_path)
         self.dp_rank = self.meshes.dp.get_local_rank()
         self.dataloader = build_dataloader(
-            training, self.tokenizer, dp_rank=self.dp_rank, dp_degree=self.parallel_dims.dp
+            training, self.tokenizer, dp_rank=self.dp_rank, dp_degree=self.parallel_dims.dp,
+            seed=config.debug.seed,
         )
         self.grad_accumulation_steps = grad_accumulation_steps(config, self.parallel_dims.dp)
 
@@ -201,7 +203,8 @@ class Trainer:
         for part in self.model_parts:
             part.eval()
         batches = build_dataloader(self.config.training, self.tokenizer, dp_rank=self.dp_rank,
-                                   dp_degree=self.parallel_dims.dp, split="validation")
+                                   dp_degree=self.parallel_dims.dp, split="validation",
+                                   seed=self.config.debug.seed)
         loss_sum = torch.zeros((), device=self.device)
         tokens = torch.zeros((), device=self.device, dtype=torch.long)
         for inputs, labels in itertools.islice(batches, self.config.validation.steps):
@@ -237,7 +240,8 @@ class Trainer:
             last = self.step == training.steps
             if self.step == 1 or self.step % self.config.metrics.log_freq == 0 or last:
                 global_loss = self.global_sum(loss).item()
-                self.metrics.log(self.step, {"loss": global_loss, "grad_norm": grad_norm, "lr": lr})
+                self.metrics.log(self.step, {"loss": global_loss, "grad_norm": grad_norm, "lr": lr,
+                                             **report_mixture(self.dataloader)})
             self.faults.after_step(self.step)
             self.checkpointer.save(self.step, last)
             if validation.enable and (self.step % validation.freq == 0 or last):

@@ -72,6 +72,8 @@ def type_name(tp: Any) -> str:
         return "|".join(str(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) is list:
         return f"list[{type_name(typing.get_args(tp)[0])}]"
+    if typing.get_origin(tp) is dict:
+        return f"dict[str, {type_name(typing.get_args(tp)[1])}]"
     return tp.__name__
 
 
@@ -97,6 +99,16 @@ def _coerce(value: Any, tp: Any, where: str, from_cli: bool) -> Any:
         if not isinstance(value, list):
             fail()
         return [_coerce(v, item_tp, where, from_cli) for v in value]
+    if origin is dict:  # a TOML inline table, or name=value,name=value on the command line
+        _, value_tp = typing.get_args(tp)
+        if from_cli and isinstance(value, str):
+            pairs = [item.partition("=") for item in value.split(",") if item.strip()]
+            if any(not eq for _, eq, _ in pairs):
+                fail()
+            value = {k.strip(): v.strip() for k, _, v in pairs}
+        if not isinstance(value, dict):
+            fail()
+        return {str(k): _coerce(v, value_tp, where, from_cli) for k, v in value.items()}
     if from_cli and isinstance(value, str) and tp is not str:
         text = value.strip().lower()
         if tp is bool:
@@ -258,6 +270,8 @@ def _toml_value(value: Any) -> str:
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
     return repr(value)
 
 

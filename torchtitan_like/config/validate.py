@@ -75,6 +75,7 @@ def validate(config: JobConfig, world_size: int) -> None:
     from torchtitan_like.components.activation_checkpoint import every_nth_layer
     from torchtitan_like.components.checkpoint import validate_checkpoint
     from torchtitan_like.components.data.sources import check_dataset_path
+    from torchtitan_like.components.data.tokenized import validate_data_options
     from torchtitan_like.components.data.tokenizer import build_tokenizer
     from torchtitan_like.components.fault_injection import validate_faults
     from torchtitan_like.distributed import context_parallel, tensor_parallel
@@ -109,5 +110,6 @@ def validate(config: JobConfig, world_size: int) -> None:
     )
     if config.training.dataset == "local":
         check_dataset_path(config.training.dataset_path)
+    validate_data_options(config.training, config.model.tokenizer_path, tokenizer.vocab_size)
     validate_checkpoint(config, world_size)
     validate_faults(config, world_size)
