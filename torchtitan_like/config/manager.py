@@ -271,7 +271,8 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+        items = ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items())
+        return "{ " + items + " }" if items else "{}"
     return repr(value)
 
 
