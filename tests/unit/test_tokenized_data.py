@@ -210,3 +210,20 @@ def test_prepare_data_script(corpus, tmp_path):
     bad = subprocess.run([*cmd[:2], str(tmp_path / "missing"), *cmd[3:]], cwd=ROOT, env=env(),
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.strip().endswith("missing does not exist")
+
+
+def test_new_weights_continue_each_source_at_its_first_unread_token(prepared, tmp_path):
+    write_corpus(tmp_path / "code.jsonl", documents=100, seed=1)
+    prepare([tmp_path / "code.jsonl"], "", tmp_path / "code", workers=1, progress=None)
+    folders = {"web": prepared, "code": tmp_path / "code"}
+
+    def mixture(weights):
+        return TokenizedLoader(folders, weights, split="train", seq_len=SEQ, local_batch_size=4,
+                               dp_rank=0, dp_degree=1, seed=0, shuffle=False)
+
+    first = mixture({"web": 0.75, "code": 0.25})
+    batches(first, 2)  # 8 samples: 6 of web, 2 of code
+    after = mixture({"web": 0.25, "code": 0.75})
+    after.load_state_dict(first.state_dict())
+    assert [s.origin for s in after.sources] == [6 * (SEQ + 1), 2 * (SEQ + 1)]
+    assert after.tokens == first.tokens and after.schedule.samples == 0
