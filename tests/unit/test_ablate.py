@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from torchtitan_like.config.manager import parse_args
 from torchtitan_like.tools.ablate import (
     Result,
     Sweep,
@@ -20,6 +19,7 @@ from torchtitan_like.tools.ablate import (
     main,
     write_results,
 )
+from torchtitan_like.validate import parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "train_configs/ablations/one_dim_at_a_time.toml"

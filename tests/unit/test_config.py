@@ -6,8 +6,9 @@ import typing
 import pytest
 
 from torchtitan_like.config import manager
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
-from torchtitan_like.config.manager import ConfigError, parse_args
+from torchtitan_like.validate import parse_args
 
 
 def write(path, text):

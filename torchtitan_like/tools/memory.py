@@ -25,8 +25,8 @@ from torchtitan_like.train import Trainer
 
 
 def main(argv: list[str]) -> None:
-    from torchtitan_like.config.manager import parse_args
     from torchtitan_like.distributed.utils import init_distributed
+    from torchtitan_like.validate import parse_args
 
     cases_file, out_file = argv
     with open(cases_file) as f:
