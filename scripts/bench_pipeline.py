@@ -76,7 +76,7 @@ def launch(nproc: int, named: dict[str, list[str]], args: argparse.Namespace
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(spec, f)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "PYTHONPATH": str(ROOT), "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1"}
+           "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          f"--nproc_per_node={nproc}", __file__, "--worker", f.name],
@@ -137,7 +137,6 @@ def main() -> None:
     if args.worker:
         return worker(args.worker)
 
-    sys.path.insert(0, str(ROOT))
     with tempfile.TemporaryDirectory() as folder:
         rows, baseline = cases(args, folder)
         before = launch(1, baseline, args)
