@@ -1,7 +1,7 @@
 """The trainer: builds everything in the documented order, then runs the loop.
 
 Run it through ``./run_train.sh`` (torchrun), or ``python -m torchtitan_like.train`` for one
-process. Build order (DESIGN.md, "Data flow"): mesh -> data -> model on meta -> converters ->
+process. Build order (docs/design.md, "Data flow"): mesh -> data -> model on meta -> converters ->
 pipeline split -> parallelize plan -> materialise -> optimizer/scheduler -> checkpoint
 load -> metrics -> loop.
 """

@@ -273,12 +273,13 @@ def help_text() -> str:
 
 
 def reference_markdown() -> str:
-    """The README's config reference: one table per section, generated from the dataclasses."""
+    """The config reference page (docs/config_reference.md): one table per section, generated
+    from the dataclasses."""
     out = []
     defaults = JobConfig()
     for section, cls in sections().items():
         docs, hints = field_docs(cls), typing.get_type_hints(cls)
-        out += [f"### [{section}]", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        out += [f"## [{section}]", "", "| key | type | default | meaning |", "|---|---|---|---|"]
         for f in dataclasses.fields(cls):
             default = _toml_value(getattr(getattr(defaults, section), f.name))
             kind = type_name(hints[f.name]).replace("|", "\\|")
