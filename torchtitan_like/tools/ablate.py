@@ -91,10 +91,12 @@ class Sweep:
 
     def command(self, variant: Variant, folder: Path) -> list[str]:
         """The torchrun command line of one variant, as run_train.sh would build it on one
-        node (rank 0's output shown); the variant's overrides win over the sweep's."""
+        node; the variant's overrides win over the sweep's. Every rank's output reaches the
+        log (prefixed with its rank): when all ranks refuse a config, the first to exit makes
+        torchrun stop the others, so rank 0 alone may be stopped before it says why."""
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 f"--nproc_per_node={self.nproc_of(variant)}", "--max-restarts=0",
-                "--local-ranks-filter=0", "--role=rank", "--tee=3",
+                "--role=rank", "--tee=3",
                 "-m", "torchtitan_like.train", "--job.config_file", str(self.base_config),
                 *self.overrides, f"--training.steps={self.steps}",
                 f"--job.dump_folder={folder}", *variant.overrides]
