@@ -18,7 +18,7 @@ from pathlib import Path
 
 from torchtitan_like.components.data.prepare import prepare
 from torchtitan_like.components.data.sources import DataError
-from torchtitan_like.config.manager import ConfigError
+from torchtitan_like.config.errors import ConfigError
 
 
 def main(argv: list[str] | None = None) -> None:

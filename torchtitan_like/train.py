@@ -1,7 +1,7 @@
 """The trainer: builds everything in the documented order, then runs the loop.
 
 Run it through ``./run_train.sh`` (torchrun), or ``python -m torchtitan_like.train`` for one
-process. Build order (DESIGN.md, "Data flow"): mesh -> data -> model on meta -> converters ->
+process. Build order (docs/design.md, "Data flow"): mesh -> data -> model on meta -> converters ->
 pipeline split -> parallelize plan -> materialise -> optimizer/scheduler -> checkpoint
 load -> metrics -> loop.
 """
@@ -30,13 +30,13 @@ from torchtitan_like.components.lr_scheduler import LRSchedulersContainer
 from torchtitan_like.components.metrics import MetricsLogger, peak_tflops
 from torchtitan_like.components.optimizer import OptimizersContainer
 from torchtitan_like.components.profiling import Profiler
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
-from torchtitan_like.config.manager import ConfigError, parse_args
-from torchtitan_like.config.validate import grad_accumulation_steps, parallel_dims_of
 from torchtitan_like.distributed import context_parallel, pipeline
 from torchtitan_like.distributed import utils as dist_utils
 from torchtitan_like.logging import init_logger, logger
 from torchtitan_like.models.registry import model_spec_and_args
+from torchtitan_like.validate import grad_accumulation_steps, parallel_dims_of, parse_args
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

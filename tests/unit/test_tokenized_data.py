@@ -20,8 +20,9 @@ from torchtitan_like.components.data.prepared import split_files, token_dtype
 from torchtitan_like.components.data.sources import DataError, build_document_source
 from torchtitan_like.components.data.tokenized import TokenizedLoader
 from torchtitan_like.components.data.tokenizer import ByteTokenizer
-from torchtitan_like.config.manager import ConfigError, build_job_config
-from torchtitan_like.config.validate import validate
+from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.config.manager import build_job_config
+from torchtitan_like.validate import validate
 
 SEQ = 64
 

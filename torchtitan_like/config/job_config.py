@@ -1,7 +1,7 @@
 """The job configuration: one dataclass per TOML section, one documented field per key.
 
 This file is the single source of truth for every option the trainer reads. The string under
-each field is its documentation: ``--help`` and the README's reference are generated from it,
+each field is its documentation: ``--help`` and docs/config_reference.md are generated from it,
 so a field without one fails the unit tests. ``Literal`` types list the accepted values.
 Section and key names follow TorchTitan's TOML era; add fields freely, rename none.
 """

@@ -19,7 +19,7 @@ import math
 import random
 from fractions import Fraction
 
-from torchtitan_like.config.manager import ConfigError
+from torchtitan_like.config.errors import ConfigError
 
 
 class MixtureSchedule:

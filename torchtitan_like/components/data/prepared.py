@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from torchtitan_like.components.data.sources import DataError
-from torchtitan_like.config.manager import ConfigError
+from torchtitan_like.config.errors import ConfigError
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"

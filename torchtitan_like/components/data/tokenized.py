@@ -40,8 +40,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from torchtitan_like.components.data.mixture import MixtureSchedule
 from torchtitan_like.components.data.prepared import PreparedSplit, check_prepared
 from torchtitan_like.components.data.sources import DataError
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import Training
-from torchtitan_like.config.manager import ConfigError
 from torchtitan_like.logging import logger
 
 Address = tuple[int, int]  # (source, token offset of the sample)
