@@ -15,7 +15,8 @@ import random
 
 import pytest
 
-from torchtitan_like.config.manager import ConfigError, parse_args
+from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.config.manager import build_job_config
 from torchtitan_like.distributed import cp_cpu_sdpa, layout_rules
 from torchtitan_like.tools.planner import (
     CPU,
@@ -24,6 +25,7 @@ from torchtitan_like.tools.planner import (
     from_job_config,
     validate_layout,
 )
+from torchtitan_like.validate import parse_args
 
 BASE = ["--job.config_file", "train_configs/debug_model.toml"]
 SCHEDULES = ["1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS", "ZBVZeroBubble", "DualPipeV"]
@@ -61,8 +63,6 @@ def runtime_verdict(args: list[str], world: int) -> str | None:
 
 
 def planner_verdict(args: list[str], world: int) -> str | None:
-    from torchtitan_like.config.manager import build_job_config
-
     try:
         model, work, layout = from_job_config(build_job_config(args), world)
         validate_layout(model, Cluster(CPU, gpus_per_node=world), work, layout)

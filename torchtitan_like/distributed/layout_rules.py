@@ -1,7 +1,8 @@
 """Which parallel layouts can run: the rules, as plain functions of integers and names.
 
-One copy of each rule, called by both the trainer's start-up validation (config/validate.py,
-the ``validate`` functions of distributed/, the model's ``args.validate``) and the planner
+One copy of each rule, called by both the trainer's start-up validation (validate.py at the
+package top, the ``validate`` functions of distributed/, the model's ``args.validate``) and the
+planner
 (tools/planner/rules.py), so that a layout the planner accepts is one the trainer accepts and
 the other way round; tests/unit/test_layout_rules.py runs both over a grid of layouts. Each rule
 raises ConfigError naming the field and the fix. Nothing here touches torch or a process group.
@@ -12,7 +13,7 @@ experts divisible by its degree) and calls them from both sides.
 
 from __future__ import annotations
 
-from torchtitan_like.config.manager import ConfigError
+from torchtitan_like.config.errors import ConfigError
 
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 """Schedules placing exactly two stages on each rank, stage r and stage 2p - 1 - r."""

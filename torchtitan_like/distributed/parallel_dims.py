@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from torchtitan_like.config.manager import ConfigError
+from torchtitan_like.config.errors import ConfigError
 
 if TYPE_CHECKING:
     from torchtitan_like.config.job_config import JobConfig

@@ -1,10 +1,10 @@
-"""Command line of the planner (scripts/plan.py, or python -m torchtitan_like.tools.plan_cli).
+"""Command line of the planner (ttl-plan, or python -m torchtitan_like.tools.plan_cli).
 
-    python scripts/plan.py --flavor 70B --gpu H100 --num_gpus 512 --seq_len 8192 \
+    ttl-plan --flavor 70B --gpu H100 --num_gpus 512 --seq_len 8192 \
         --tokens 15e12 --mfu 0.40            # one layout: memory, fit, step time, cost
-    python scripts/plan.py --flavor 405B --gpu H100 --num_gpus 16384 --seq_len 8192 \
+    ttl-plan --flavor 405B --gpu H100 --num_gpus 16384 --seq_len 8192 \
         --global_batch 2048 --search --tp 8  # the best fitting layouts with TP 8
-    python scripts/plan.py --config train_configs/debug_model.toml --num_gpus 2 --json
+    ttl-plan --config train_configs/debug_model.toml --num_gpus 2 --json
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import json
 import sys
 from typing import Any
 
-from torchtitan_like.config.manager import ConfigError, build_job_config, import_custom_modules
+from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.config.manager import build_job_config, import_custom_modules
 from torchtitan_like.distributed.utils import DTYPES
 from torchtitan_like.tools.planner import (
     GPUS,

@@ -6,8 +6,9 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING
 
-from torchtitan_like.config.manager import ConfigError
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed.layout_rules import check_tensor_parallel_shapes
+from torchtitan_like.models.llama3.pipeline import llama_fqns_per_stage
 from torchtitan_like.models.registry import BaseModelArgs
 
 if TYPE_CHECKING:
@@ -72,8 +73,6 @@ class Llama3Args(BaseModelArgs):
         check_tensor_parallel_shapes(parallel_dims.tp, self.n_heads, self.kv_heads,
                                      self.vocab_size, flavor)
         if parallel_dims.pp > 1:
-            from torchtitan_like.models.llama3.pipeline import llama_fqns_per_stage
-
             if self.tie_word_embeddings:
                 raise ConfigError(
                     f"{flavor} ties the output head to the embedding, which pipeline "

@@ -3,7 +3,7 @@ the planner's inputs, plus what only a cluster decides (the GPU count, TP within
 
 from __future__ import annotations
 
-from torchtitan_like.config.manager import ConfigError
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed import layout_rules as rules
 from torchtitan_like.distributed.pipeline import is_single_stage
 from torchtitan_like.tools.planner.inputs import (

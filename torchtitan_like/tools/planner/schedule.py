@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 
-from torchtitan_like.config.manager import ConfigError
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed.layout_rules import stage_ids
 from torchtitan_like.distributed.pipeline import balance_layers
 from torchtitan_like.tools.planner.inputs import Layout, LayoutError, ModelShape
