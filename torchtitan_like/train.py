@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torchtitan_like.components.checkpoint import CheckpointError, CheckpointManager
 from torchtitan_like.components.compile import maybe_compile_loss, set_inductor_cache
 from torchtitan_like.components.converters import build_converters
+from torchtitan_like.components.data.checks import describe_data
 from torchtitan_like.components.data.dataloader import build_dataloader
 from torchtitan_like.components.data.tokenizer import build_tokenizer
 from torchtitan_like.components.fault_injection import FaultInjector
@@ -63,6 +64,9 @@ class Trainer:
             training, self.tokenizer, dp_rank=self.dp_rank, dp_degree=self.parallel_dims.dp
         )
         self.grad_accumulation_steps = grad_accumulation_steps(config, self.parallel_dims.dp)
+        logger.info(f"data: {describe_data(training)}; tokenizer "
+                    f"{config.model.tokenizer_path or 'byte-level'} ({self.tokenizer.vocab_size:,} "
+                    "tokens)")
 
         # 3-6. The plain model on meta, converters (Float8), split into this rank's pipeline
         # stages (or kept whole), then the parallelization plan on each part.
@@ -123,6 +127,7 @@ class Trainer:
             replica_devices=self.parallel_dims.non_data_parallel_size,
             world_size=self.parallel_dims.world_size,
             resume_step=self.step,
+            total_steps=training.steps,
         )
         self.autocast = dist_utils.maybe_autocast(
             self.parallel_dims.fsdp_enabled, compute_dtype, device
@@ -237,11 +242,17 @@ class Trainer:
             last = self.step == training.steps
             if self.step == 1 or self.step % self.config.metrics.log_freq == 0 or last:
                 global_loss = self.global_sum(loss).item()
-                self.metrics.log(self.step, {"loss": global_loss, "grad_norm": grad_norm, "lr": lr})
+                self.metrics.log(self.step, {
+                    "loss": global_loss, "grad_norm": grad_norm, "lr": lr,
+                    "epoch": self.dataloader.dataset.epoch, "tokens_seen": self.tokens_seen})
             self.faults.after_step(self.step)
+            start = time.perf_counter()
             self.checkpointer.save(self.step, last)
+            self.metrics.pause("checkpoint", time.perf_counter() - start)
             if validation.enable and (self.step % validation.freq == 0 or last):
+                start = time.perf_counter()
                 self.metrics.log_validation(self.step, self.validate())
+                self.metrics.pause("validation", time.perf_counter() - start)
         self.checkpointer.close()
         self.metrics.close()
         self.profiler.close()
