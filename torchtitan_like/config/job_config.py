@@ -274,8 +274,11 @@ class Checkpoint:
     last_save_model_only: bool = False
     """Save only the model weights (in export_dtype) after the last step, not a resumable state."""
 
+    last_save_in_hf: bool = False
+    """Also write the last save as a HuggingFace folder step-N-hf (weights in export_dtype)."""
+
     export_dtype: DTypeName = "float32"
-    """Dtype of the weights of a model-only last save (needs last_save_model_only)."""
+    """Dtype of the weights of a model-only or HuggingFace last save (needs one of them)."""
 
     create_seed_checkpoint: bool = False
     """Save the initial weights as step-0 and exit (NPROC=1): every layout then starts alike."""

@@ -11,14 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-_CONVERTERS = "[float8] enable = true here (Float8 is the one converter; MX is not supported)"
-
 RENAMED: dict[str, str] = {
     "job.print_args": "--print_config (prints the merged, validated config as TOML and exits)",
     "model.hf_assets_path": "[model] tokenizer_path (a tokenizer.json or its folder); weights "
                             "come from [checkpoint] initial_load_path with initial_load_in_hf",
-    "model.converters": _CONVERTERS,
-    "model.norm_type": "fixed by the model: llama3 uses RMSNorm; delete the key",
     "training.batch_size": "[training] local_batch_size",
     "training.compile": "[compile] enable",
     "training.seed": "[debug] seed",
@@ -54,6 +50,7 @@ UNSUPPORTED: dict[str, str] = {
     "metrics.disable_color_printing": "logs are plain text; delete it",
     "metrics.enable_wandb": "metrics go to metrics.jsonl and TensorBoard only",
     "metrics.save_for_all_ranks": "rank 0 writes the job's metrics (they are global)",
+    "model.norm_type": "the norm is part of the model (llama3: RMSNorm)",
     "model.print_after_conversion": "the start-up log names the parameter count and layout",
     "training.gc_freq": "Python's garbage collector keeps its default schedule",
     "training.enable_cpu_offload": "FSDP CPU offload is not implemented",
