@@ -25,6 +25,7 @@ from torchtitan_like.components.data.checks import describe_data
 from torchtitan_like.components.data.dataloader import build_dataloader
 from torchtitan_like.components.data.tokenizer import build_tokenizer
 from torchtitan_like.components.fault_injection import FaultInjector
+from torchtitan_like.components.hf_export import export_last_save
 from torchtitan_like.components.loss import count_labelled_tokens, cross_entropy_sum
 from torchtitan_like.components.lr_scheduler import LRSchedulersContainer
 from torchtitan_like.components.metrics import MetricsLogger, peak_tflops
@@ -254,6 +255,8 @@ class Trainer:
                 self.metrics.log_validation(self.step, self.validate())
                 self.metrics.pause("validation", time.perf_counter() - start)
         self.checkpointer.close()
+        if self.config.checkpoint.last_save_in_hf and dist.get_rank() == 0:
+            export_last_save(self.config, self.checkpointer.folder, self.step)
         self.metrics.close()
         self.profiler.close()
         folder, metrics = self.config.job.dump_folder, self.config.metrics

@@ -77,6 +77,21 @@ def model_from_checkpoint(spec: ModelSpec, checkpoint: Path, flavor: str | None 
     return model, args
 
 
+def model_from_hf(spec: ModelSpec, folder: Path, flavor: str | None = None,
+                  ) -> tuple[torch.nn.Module, Any]:
+    """The model of a HuggingFace folder in this process; the flavor is the one whose shape
+    its config.json describes (every shape-defining field compared) unless given."""
+    config, hf_tensors = load_hf(folder)
+    flavor = flavor or _matching_flavor(spec, config, folder)
+    args = get_model_args(spec, flavor)
+    adapter = spec.hf_adapter(args)
+    adapter.check_config(config)
+    args.max_seq_len = config.get("max_position_embeddings", args.max_seq_len)
+    model = spec.model_cls(args)
+    model.load_state_dict(adapter.from_hf(hf_tensors))
+    return model, args
+
+
 def hf_to_seed_checkpoint(spec: ModelSpec, hf_folder: Path, checkpoint_folder: Path,
                           flavor: str | None = None) -> tuple[Path, str]:
     """Write a HuggingFace folder's weights as the seed checkpoint ``step-0`` (model only) of a

@@ -66,6 +66,7 @@ def validate(config: JobConfig, world_size: int) -> None:
     from torchtitan_like.components.data.checks import check_data
     from torchtitan_like.components.data.tokenizer import build_tokenizer
     from torchtitan_like.components.fault_injection import validate_faults
+    from torchtitan_like.components.hf_export import validate_hf_export
     from torchtitan_like.distributed import context_parallel, tensor_parallel
     from torchtitan_like.distributed.pipeline import validate_pipeline
     from torchtitan_like.distributed.utils import device_type
@@ -98,4 +99,5 @@ def validate(config: JobConfig, world_size: int) -> None:
     )
     check_data(config.training, config.validation.enable)
     validate_checkpoint(config, world_size)
+    validate_hf_export(config)
     validate_faults(config, world_size)
