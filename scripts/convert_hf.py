@@ -20,12 +20,12 @@ import sys
 from pathlib import Path
 
 from torchtitan_like.components.checkpoint import CheckpointError
-from torchtitan_like.components.hf_export import add_generation_files
 from torchtitan_like.components.hf_checkpoint import (
     hf_to_seed_checkpoint,
     model_from_checkpoint,
     save_hf,
 )
+from torchtitan_like.components.hf_export import add_generation_files
 from torchtitan_like.config.manager import ConfigError, import_custom_modules
 from torchtitan_like.distributed.utils import DTYPES
 from torchtitan_like.models.registry import get_model_spec
