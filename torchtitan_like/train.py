@@ -247,13 +247,11 @@ class Trainer:
                     "loss": global_loss, "grad_norm": grad_norm, "lr": lr,
                     "epoch": self.dataloader.dataset.epoch, "tokens_seen": self.tokens_seen})
             self.faults.after_step(self.step)
-            start = time.perf_counter()
-            self.checkpointer.save(self.step, last)
-            self.metrics.pause("checkpoint", time.perf_counter() - start)
+            with self.metrics.paused("checkpoint"):
+                self.checkpointer.save(self.step, last)
             if validation.enable and (self.step % validation.freq == 0 or last):
-                start = time.perf_counter()
-                self.metrics.log_validation(self.step, self.validate())
-                self.metrics.pause("validation", time.perf_counter() - start)
+                with self.metrics.paused("validation"):
+                    self.metrics.log_validation(self.step, self.validate())
         self.checkpointer.close()
         if self.config.checkpoint.last_save_in_hf and dist.get_rank() == 0:
             export_last_save(self.config, self.checkpointer.folder, self.step)

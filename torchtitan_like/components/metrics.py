@@ -10,10 +10,12 @@ dtype (``mfu_peak_tflops`` in every record says which peak was used).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import resource
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -162,7 +164,7 @@ class MetricsLogger:
         self.window_start = time.perf_counter()
         self.tokens = 0
         self.data_seconds = 0.0
-        self.paused = {"checkpoint": 0.0, "validation": 0.0}
+        self.paused_seconds = {"checkpoint": 0.0, "validation": 0.0}
 
     def add_step(self, tokens: int, data_seconds: float) -> None:
         """Account one step's tokens (of this rank's replica) and its data-loading time."""
@@ -171,15 +173,20 @@ class MetricsLogger:
         self.tokens += tokens
         self.data_seconds += data_seconds
 
-    def pause(self, kind: str, seconds: float) -> None:
+    @contextlib.contextmanager
+    def paused(self, kind: str) -> Iterator[None]:
         """Time spent outside training steps (``checkpoint`` saves, ``validation``): left out
         of the window's throughput and recorded as ``<kind>_seconds`` instead."""
-        self.paused[kind] += seconds
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.paused_seconds[kind] += time.perf_counter() - start
 
     def log(self, step: int, values: dict[str, Any]) -> dict[str, Any]:
         """Write a training record: ``values`` (loss, grad_norm, lr, ...) plus throughput and,
         with ``total_steps``, progress (``tokens_seen`` in values is shown when given)."""
-        seconds = time.perf_counter() - self.window_start - sum(self.paused.values())
+        seconds = time.perf_counter() - self.window_start - sum(self.paused_seconds.values())
         tps = self.tokens / seconds / self.replica_devices
         tflops = self.flops_per_token * tps / 1e12
         progress = {} if self.progress is None else self.progress.fields(step)
@@ -193,7 +200,7 @@ class MetricsLogger:
             "mfu_peak_tflops": self.peak,
             "memory_gib": peak_memory_gib(self.device),
             "data_loading_percent": 100 * self.data_seconds / seconds,
-            **{f"{kind}_seconds": paused for kind, paused in self.paused.items()},
+            **{f"{kind}_seconds": paused for kind, paused in self.paused_seconds.items()},
             **progress,
         }
         self._warn_if_mfu_over_100(record["mfu"])
