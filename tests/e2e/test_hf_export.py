@@ -76,3 +76,15 @@ def test_greedy_generation_equals_transformers_generate(trained, capsys):
                  "--max_new_tokens", "5", "--temperature", "0.7", "--top_k", "20",
                  "--top_p", "0.9"]) == 0
     assert capsys.readouterr().out.startswith(PROMPTS[0])
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("rms_norm_eps", 1e-6), ("head_dim", 32), ("hidden_act", "gelu"), ("mlp_bias", True)])
+def test_hf_import_compares_every_defining_field(field, value):
+    from torchtitan_like.models.llama3 import Llama3HFAdapter, llama3_flavors
+
+    adapter = Llama3HFAdapter(llama3_flavors["tiny"])
+    config = adapter.hf_config(torch.float32)
+    adapter.check_config(config)
+    with pytest.raises(ValueError, match=f"{field}: HF {value}"):
+        adapter.check_config({**config, field: value})
