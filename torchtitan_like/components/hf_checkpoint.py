@@ -10,6 +10,7 @@ a *sharded* training job goes through DCP's HuggingFaceStorageReader instead
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,9 @@ def model_from_checkpoint(spec: ModelSpec, checkpoint: Path, flavor: str | None 
     args.max_seq_len = info.get("seq_len", args.max_seq_len)
     model = spec.model_cls(args)
     state = model.state_dict()
-    dcp.load({"model": state}, checkpoint_id=str(checkpoint), no_dist=True)
+    with warnings.catch_warnings():  # "... assuming the intent is to load in a single process"
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        dcp.load({"model": state}, checkpoint_id=str(checkpoint), no_dist=True)
     model.load_state_dict(state)
     return model, args
 

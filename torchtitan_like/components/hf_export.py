@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-import warnings
 from pathlib import Path
 
 import torch
@@ -98,9 +97,7 @@ def add_generation_files(folder: Path, tokenizer_path: str) -> None:
 def export_checkpoint(spec: ModelSpec, checkpoint: Path, folder: Path, tokenizer_path: str,
                       dtype: torch.dtype) -> Path:
     """A DCP step folder (any layout) -> a HuggingFace folder that transformers runs as is."""
-    with warnings.catch_warnings():  # DCP: "assuming the intent is to load in a single process"
-        warnings.filterwarnings("ignore", "torch.distributed is disabled")
-        model, args = model_from_checkpoint(spec, checkpoint)
+    model, args = model_from_checkpoint(spec, checkpoint)
     save_hf(model.state_dict(), spec.hf_adapter(args), folder, dtype)
     add_generation_files(folder, tokenizer_path)
     return folder
