@@ -97,6 +97,9 @@ class Trainer:
             self.optimizers, config.lr_scheduler, training.steps
         )
         self.converters.register_optimizer_hooks(self.optimizers, self.model_parts)
+        if spec.register_optimizer_hooks is not None:
+            spec.register_optimizer_hooks(self.model_parts, self.optimizers,
+                                          self.parallel_dims, self.meshes)
         self.step = 0
         self.tokens_seen = 0
 
