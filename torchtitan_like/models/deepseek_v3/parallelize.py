@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from torch import nn
 
-from torchtitan_like.components.activation_checkpoint import apply_ac
-from torchtitan_like.components.compile import apply_compile
 from torchtitan_like.components.optimizer import OptimizersContainer
 from torchtitan_like.config.job_config import JobConfig
+from torchtitan_like.distributed.activation_checkpoint import apply_ac
+from torchtitan_like.distributed.compile import apply_compile
 from torchtitan_like.distributed.fsdp import apply_fsdp, reshard_after_forward
 from torchtitan_like.distributed.parallel_dims import Meshes, ParallelDims
 from torchtitan_like.distributed.utils import DTYPES
