@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
-from torchtitan_like.config.manager import ConfigError, parse_args
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.models.deepseek_v3 import DeepSeekV3Model, YarnScaling, deepseek_v3_flavors
 from torchtitan_like.models.deepseek_v3.model import rope_frequencies, yarn_mscale
+from torchtitan_like.validate import parse_args
 
 
 @pytest.mark.parametrize(("flavor", "total", "active", "published_total", "published_active"), [
