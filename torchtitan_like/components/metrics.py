@@ -183,9 +183,11 @@ class MetricsLogger:
         finally:
             self.paused_seconds[kind] += time.perf_counter() - start
 
-    def log(self, step: int, values: dict[str, Any]) -> dict[str, Any]:
-        """Write a training record: ``values`` (loss, grad_norm, lr, ...) plus throughput and,
-        with ``total_steps``, progress (``tokens_seen`` in values is shown when given)."""
+    def log(self, step: int, values: dict[str, Any], console: list[str] = ()) -> dict[str, Any]:
+        """Write a training record: ``values`` (loss, grad_norm, lr, the model's own metrics
+        from components/model_hooks.py, ...) plus throughput and, with ``total_steps``,
+        progress (``tokens_seen`` in values is shown when given); the ``console`` names among
+        ``values`` are shown on the console line too."""
         seconds = time.perf_counter() - self.window_start - sum(self.paused_seconds.values())
         tps = self.tokens / seconds / self.replica_devices
         tflops = self.flops_per_token * tps / 1e12
@@ -211,6 +213,7 @@ class MetricsLogger:
             f"{where}  loss {values['loss']:8.4f}  grad_norm {values['grad_norm']:7.4f}  "
             f"lr {values['lr']:.2e}  tps {tps:,.0f}  tflops {tflops:.3f}  mfu {mfu}  "
             f"memory {record['memory_gib']:.2f}GiB  data {record['data_loading_percent']:.1f}%"
+            + "".join(f"  {name} {values[name]:.4g}" for name in console)
         )
         self._write(step, record)
         self.reset()
@@ -237,7 +240,7 @@ class MetricsLogger:
             self.jsonl.flush()
         if self.tensorboard is not None:
             for key, value in record.items():
-                if key != "step" and value is not None:
+                if key != "step" and isinstance(value, (int, float)):
                     self.tensorboard.add_scalar(key, value, step)
 
     def close(self) -> None:
