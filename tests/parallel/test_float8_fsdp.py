@@ -63,10 +63,11 @@ def test_float8_under_tensor_parallel_matches_float8_under_fsdp(runs):
     global (an exact max), so TP casts the same values with the same scales as FSDP; what
     differs is the order of fp32 sums (row-wise linears reduce partial sums across ranks).
 
-    Steps 1-2: bitwise equal float8 weights, so the fp32 bound. The weights start equal (same
-    seed), and Adam's first update, lr m/(sqrt(v) + eps) = lr g/(|g| + eps), is +-lr whatever
-    the gradient's rounding (except where |g| ~ eps = 1e-8), so they are still equal at step
-    2. Only activations differ, by a few ulps (2^-22 relative) after the first row-wise
+    Steps 1-2: equal float8 weights, so the fp32 bound. The weights start equal (same seed),
+    and Adam's first update, lr m/(sqrt(v) + eps) = lr g/(|g| + eps), is +-lr whatever the
+    gradient's rounding (except where |g| ~ eps = 1e-8): at step 2 they differ at most by an
+    ulp of w - lr u, which flips a float8 weight with probability ~2^-23 / 2^-4 = 2e-6.
+    Activations differ by a few ulps (2^-22 relative) after the first row-wise
     reduction; one flips to the neighbouring e4m3 value when it lies that close to a rounding
     boundary, i.e. with probability ~2^-22 / 2^-4 = 4e-6 per element: a few of the ~1e6 cast
     per step. A flip moves the loss by ~6e-7 (float8's step-1 effect, 1.8e-4, is the random
