@@ -11,7 +11,9 @@ precision ("highest": no TF32 or bf16 down-conversion, so AMX's bf16 units never
 What still differs between CPUs is the kernel level ATen and oneDNN pick at run time (AVX2,
 AVX-512, AMX for bf16): it changes the order of the terms inside a sum, never the terms.
 ``ATEN_CPU_CAPABILITY=avx2`` forces the AVX2 kernels, a cheap way to see another CPU's
-arithmetic; the suite must pass both ways (docs/testing.md).
+arithmetic; the suite must pass both ways (docs/testing.md). An inductor cache must not be
+shared between kernel levels: its FX graph cache does not key on the level, and AVX-512
+kernels served to an AVX2 run train on NaN (parallel/test_ac_compile.py keeps one per level).
 
 Tolerances come in three classes, each bound derived, not fitted to one machine:
 (a) bitwise (``==``): the same kernels on the same inputs in the same order (a resumed run
