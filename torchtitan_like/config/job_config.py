@@ -7,7 +7,7 @@ Section and key names follow TorchTitan's TOML era; add fields freely, rename no
 """
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 DTypeName = Literal["float32", "bfloat16"]
 PipelineScheduleName = Literal[
@@ -41,6 +41,12 @@ class Model:
 
     tokenizer_path: str = ""
     """HuggingFace tokenizer.json (or a folder holding it); empty = byte-level, needs no file."""
+
+    converters: list[str] = field(default_factory=list)
+    """Model converters by registered name, applied in order before the plan, e.g. float8."""
+
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Flavor args fields to replace, e.g. { n_layers = 8 }, or --model.overrides.n_layers=8."""
 
 
 @dataclass
@@ -196,7 +202,7 @@ class Compile:
 @dataclass
 class Float8:
     enable: bool = False
-    """Train the transformer blocks' linears in float8 (torchao); head, embeddings, norms stay."""
+    """Train the blocks' linears in float8 (torchao); same as [model] converters = ["float8"]."""
 
     recipe_name: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"] = "tensorwise"
     """Scales per tensor (fastest), per row, or per row with grad_weight kept in high precision."""

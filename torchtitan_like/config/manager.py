@@ -8,6 +8,7 @@ section, key, value and what was expected, before any process group or model exi
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -20,6 +21,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
+from torchtitan_like.config.custom_sections import custom_sections, new_job_config
 from torchtitan_like.config.job_config import JobConfig
 
 if sys.version_info >= (3, 11):
@@ -44,9 +46,11 @@ def did_you_mean(name: str, options: typing.Iterable[str]) -> str:
 
 
 def sections() -> dict[str, type]:
-    """Section name -> dataclass type, in declaration order."""
+    """Section name -> dataclass type, in declaration order, then the registered ones
+    (config/custom_sections.py)."""
     hints = typing.get_type_hints(JobConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(JobConfig)}
+    return {**{f.name: hints[f.name] for f in dataclasses.fields(JobConfig)},
+            **custom_sections()}
 
 
 @functools.cache
@@ -72,16 +76,22 @@ def type_name(tp: Any) -> str:
         return "|".join(str(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) is list:
         return f"list[{type_name(typing.get_args(tp)[0])}]"
+    if typing.get_origin(tp) is dict:
+        return "table"
     return tp.__name__
 
 
-def _coerce(value: Any, tp: Any, where: str, from_cli: bool) -> Any:
+def coerce(value: Any, tp: Any, where: str, from_cli: bool) -> Any:
     """Convert a TOML value (or a CLI string) to the field's type, or explain why not."""
 
     def fail() -> typing.NoReturn:
         raise ConfigError(f"{where}: got {value!r}, expected {type_name(tp)}")
 
     origin = typing.get_origin(tp)
+    if origin is dict or tp is dict:  # a table of values checked by their consumer
+        if not isinstance(value, dict):
+            fail()
+        return dict(value)
     if origin is Literal:
         choices = typing.get_args(tp)
         if value not in choices:
@@ -96,7 +106,7 @@ def _coerce(value: Any, tp: Any, where: str, from_cli: bool) -> Any:
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list):
             fail()
-        return [_coerce(v, item_tp, where, from_cli) for v in value]
+        return [coerce(v, item_tp, where, from_cli) for v in value]
     if from_cli and isinstance(value, str) and tp is not str:
         text = value.strip().lower()
         if tp is bool:
@@ -165,7 +175,7 @@ def _split_cli(argv: list[str]) -> list[tuple[str, str | None]]:
 
 def _build(layers: list[tuple[str, dict[str, dict[str, Any]], bool]]) -> JobConfig:
     """Apply override layers (origin, {section: {key: value}}, from_cli) onto the defaults."""
-    config = JobConfig()
+    config = new_job_config()
     known = sections()
     for origin, layer, from_cli in layers:
         for section, values in layer.items():
@@ -176,6 +186,10 @@ def _build(layers: list[tuple[str, dict[str, dict[str, Any]], bool]]) -> JobConf
             target = getattr(config, section)
             hints = typing.get_type_hints(known[section])
             for key, value in values.items():
+                table, dot, entry = key.partition(".")
+                if dot and typing.get_origin(hints.get(table)) is dict:  # --model.overrides.x=1
+                    getattr(target, table)[entry] = value
+                    continue
                 if key not in hints:
                     raise ConfigError(
                         f"unknown key '{key}' in section [{section}] ({origin})"
@@ -186,7 +200,7 @@ def _build(layers: list[tuple[str, dict[str, dict[str, Any]], bool]]) -> JobConf
                     if hints[key] is not bool:
                         raise ConfigError(f"{where}: needs a value of type {type_name(hints[key])}")
                     value = True
-                setattr(target, key, _coerce(value, hints[key], where, from_cli))
+                setattr(target, key, coerce(value, hints[key], where, from_cli))
     return config
 
 
@@ -227,6 +241,11 @@ def build_job_config(argv: list[str]) -> JobConfig:
     if config_file:
         layers.append((config_file, _load_toml(Path(config_file)), False))
     layers.append(("command line", cli, True))
+    imports = [coerce(layer["job"]["custom_import"], list[str], f"[job] custom_import ({origin})",
+                      from_cli) for origin, layer, from_cli in layers
+               if "custom_import" in layer.get("job", {})]
+    if imports:  # first: they may register config sections (config/custom_sections.py)
+        import_custom_modules(imports[-1])
     return _build(layers)
 
 
@@ -237,6 +256,8 @@ def parse_args(argv: list[str], world_size: int) -> JobConfig:
     are checked against (torchrun's WORLD_SIZE, known before any process group exists).
     """
     if "--help" in argv or "-h" in argv:
+        with contextlib.suppress(ConfigError):  # imports custom_import (custom sections)
+            build_job_config([a for a in argv if a not in ("--help", "-h", "--print_config")])
         print(help_text())
         raise SystemExit(0)
     print_config = "--print_config" in argv
@@ -258,6 +279,8 @@ def _toml_value(value: Any) -> str:
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
     return repr(value)
 
 
@@ -284,7 +307,7 @@ def help_text() -> str:
         "",
         "Booleans take true/false; lists are comma-separated. The command line wins over the TOML.",
     ]
-    defaults = JobConfig()
+    defaults = new_job_config()
     for section, cls in sections().items():
         lines += ["", f"[{section}]"]
         docs = field_docs(cls)
@@ -297,10 +320,13 @@ def help_text() -> str:
 
 
 def reference_markdown() -> str:
-    """The README's config reference: one table per section, generated from the dataclasses."""
+    """The README's config reference: one table per built-in section, generated from the
+    dataclasses (sections a custom_import registers are documented by their fork)."""
     out = []
-    defaults = JobConfig()
+    defaults = new_job_config()
     for section, cls in sections().items():
+        if section in custom_sections():
+            continue
         docs, hints = field_docs(cls), typing.get_type_hints(cls)
         out += [f"### [{section}]", "", "| key | type | default | meaning |", "|---|---|---|---|"]
         for f in dataclasses.fields(cls):
@@ -314,6 +340,7 @@ def reference_markdown() -> str:
 __all__ = [
     "ConfigError",
     "build_job_config",
+    "coerce",
     "did_you_mean",
     "field_docs",
     "help_text",

@@ -6,6 +6,7 @@ group or allocates a model: the world size comes from torchrun's environment.
 
 from __future__ import annotations
 
+from torchtitan_like.config.custom_sections import validate_custom_sections
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.config.manager import ConfigError
 
@@ -73,6 +74,7 @@ def _validate_numbers(config: JobConfig) -> None:
 def validate(config: JobConfig, world_size: int) -> None:
     from torchtitan_like.components import float8, profiling
     from torchtitan_like.components.checkpoint import validate_checkpoint
+    from torchtitan_like.components.converters import resolve_converters
     from torchtitan_like.components.data.sources import check_dataset_path
     from torchtitan_like.components.data.tokenizer import build_tokenizer
     from torchtitan_like.components.fault_injection import validate_faults
@@ -80,12 +82,14 @@ def validate(config: JobConfig, world_size: int) -> None:
     from torchtitan_like.distributed.activation_checkpoint import every_nth_layer
     from torchtitan_like.distributed.pipeline import validate_pipeline
     from torchtitan_like.distributed.utils import device_type
-    from torchtitan_like.models.registry import model_spec_and_args
+    from torchtitan_like.models.registry import check_supported_dims, model_spec_and_args
 
     _validate_numbers(config)
     ac = config.activation_checkpoint
     if ac.mode == "selective" and ac.selective_ac_option != "op":
         every_nth_layer(ac.selective_ac_option)
+    resolve_converters(config)
+    validate_custom_sections(config)
     float8.validate(config.float8, device_type())
     profiling.validate(config.profiling, device_type())
     parallel_dims = parallel_dims_of(config, world_size)
@@ -98,6 +102,7 @@ def validate(config: JobConfig, world_size: int) -> None:
                  f"[model] name {spec.name!r} has no pipeline split (ModelSpec.pipelining_fn); "
                  "set [parallelism] pipeline_parallel_degree = 1")
         validate_pipeline(config)
+    check_supported_dims(spec, config)
     args.validate(config, parallel_dims)
 
     tokenizer = build_tokenizer(config.model.tokenizer_path)

@@ -1,7 +1,8 @@
 """The Llama 3 parallelization plan: one model part in, the same part parallelized out.
 
-The order is fixed and each step lives in its own file under distributed/ or components/:
-tensor parallel -> context parallel -> activation checkpointing -> torch.compile -> FSDP2.
+The order is fixed and each step lives in its own file under distributed/:
+tensor parallel -> context parallel -> activation checkpointing -> torch.compile -> FSDP2
+(the last three through distributed/plan_toolkit.py's ``apply_block_tail``).
 Every step skips the modules a pipeline stage dropped (``None``), so each stage of a pipeline
 goes through this same plan.
 """
@@ -21,14 +22,10 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from torchtitan_like.components.float8 import tp_styles
 from torchtitan_like.config.job_config import JobConfig
-from torchtitan_like.distributed.activation_checkpoint import apply_ac
-from torchtitan_like.distributed.compile import apply_compile
-from torchtitan_like.distributed.fsdp import apply_fsdp, reshard_after_forward
 from torchtitan_like.distributed.parallel_dims import Meshes, ParallelDims
+from torchtitan_like.distributed.plan_toolkit import apply_block_tail, attention_plan, swiglu_plan
 from torchtitan_like.distributed.tensor_parallel import materialise_output, maybe_enable_async_tp
-from torchtitan_like.distributed.utils import DTYPES
 from torchtitan_like.models.llama3.model import Transformer
 
 
@@ -40,23 +37,11 @@ def parallelize_llama(
         maybe_enable_async_tp(config.parallelism.enable_async_tensor_parallel, meshes.tp)
     # Context parallel changes no module: the trainer's train_context shards each microbatch
     # and the RoPE table (context_parallel_buffers) and swaps SDPA for ring attention.
-    apply_ac(model.layers, config.activation_checkpoint)
-    apply_compile(model.layers, config.compile)
-    if parallel_dims.fsdp_enabled:
-        blocks = [[block] for block in model.layers.values()]
-        # A tied embedding and head share one weight, so they must share one FSDP unit: the root.
-        edges = [] if model.args.tie_word_embeddings else [[model.tok_embeddings]]
-        head = [] if model.args.tie_word_embeddings else [[model.norm, model.output]]
-        apply_fsdp(
-            model,
-            meshes.fsdp,
-            [*edges, *blocks, *head],
-            param_dtype=DTYPES[config.training.mixed_precision_param],
-            reduce_dtype=DTYPES[config.training.mixed_precision_reduce],
-            reshard=reshard_after_forward(
-                config.parallelism.fsdp_reshard_after_forward, parallel_dims.pp > 1
-            ),
-        )
+    # A tied embedding and head share one weight, so they must share one FSDP unit: the root.
+    tied = model.args.tie_word_embeddings
+    apply_block_tail(model, model.layers, parallel_dims, meshes, config,
+                     before=[] if tied else [[model.tok_embeddings]],
+                     after=[] if tied else [[model.norm, model.output]])
     return model
 
 
@@ -107,21 +92,10 @@ def _shard_tied_head(model: Transformer, tp_mesh: DeviceMesh, loss_parallel: boo
 
 def _block_plan(block: nn.Module, device_type: str) -> dict[str, ParallelStyle]:
     """One transformer block: SP norms, then all-gather -> column-wise -> row-wise ->
-    reduce-scatter around attention and around the feed-forward (with torchao's float8
-    styles where the linears were converted to float8, components/float8.py)."""
-    attn, ffn = tp_styles(block.attention, device_type), tp_styles(block.feed_forward, device_type)
+    reduce-scatter around attention and around the feed-forward (distributed/plan_toolkit.py)."""
     return {
         "attention_norm": SequenceParallel(),
-        "attention": attn.prepare_input(input_layouts=(Shard(1), None),  # (x, rope)
-                                        desired_input_layouts=(Replicate(), None)),
-        "attention.wq": attn.colwise(),
-        "attention.wk": attn.colwise(),
-        "attention.wv": attn.colwise(),
-        "attention.wo": attn.rowwise(output_layouts=Shard(1)),
+        **attention_plan(block, device_type),  # (x, rope)
         "ffn_norm": SequenceParallel(),
-        "feed_forward": ffn.prepare_input(input_layouts=(Shard(1),),
-                                          desired_input_layouts=(Replicate(),)),
-        "feed_forward.w1": ffn.colwise(),
-        "feed_forward.w2": ffn.rowwise(output_layouts=Shard(1)),
-        "feed_forward.w3": ffn.colwise(),
+        **swiglu_plan(block, device_type),
     }
