@@ -62,8 +62,8 @@ def job_args(overrides: list[str], dump_folder: Path, corpus: Path) -> list[str]
 
 def build_trainer(overrides: list[str], dump_folder: Path, corpus: Path, device):
     """A Trainer of one case inside the test process (needs a process group of one)."""
-    from torchtitan_like.config.manager import parse_args
     from torchtitan_like.train import Trainer
+    from torchtitan_like.validate import parse_args
 
     return Trainer(parse_args(job_args(overrides, dump_folder, corpus), 1), device)
 
@@ -88,6 +88,15 @@ def launch(nproc: int, cases: dict[str, list[str]], workdir: Path, corpus: Path,
         raise RuntimeError(f"launch of {nproc} processes failed:\n{proc.stdout[-4000:]}\n"
                            f"{proc.stderr[-8000:]}")
     return {name: read_metrics(workdir / name) for name in cases}
+
+
+def launch_layouts(layouts: dict[int, dict[str, list[str]]], root: Path,
+                   corpus: Path) -> dict[str, list[dict]]:
+    """``launch`` once per world size of ``{nproc: cases}``, into ``root/<nproc>``."""
+    results = {}
+    for nproc, cases in layouts.items():
+        results.update(launch(nproc, cases, root / str(nproc), corpus))
+    return results
 
 
 def read_metrics(folder: Path) -> list[dict]:

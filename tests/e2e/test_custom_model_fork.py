@@ -14,7 +14,8 @@ import shutil
 import pytest
 from harness import ROOT, assert_close, launch, losses
 
-from torchtitan_like.config.manager import ConfigError, parse_args
+from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.validate import parse_args
 
 TOL = 1e-5
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from harness import ROOT, assert_close, build_trainer, env, job_args, launch, losses
 
-from torchtitan_like.config.manager import ConfigError
+from torchtitan_like.config.errors import ConfigError
 
 TOL = 1e-5
 MODELS = str(Path(__file__).parent / "plan_models.py")

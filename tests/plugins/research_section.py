@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from torchtitan_like.config.custom_sections import register_config_section
-from torchtitan_like.config.manager import ConfigError
+from torchtitan_like.config.errors import ConfigError
 
 
 @dataclass

@@ -6,8 +6,8 @@ from torch import nn
 
 from torchtitan_like.components.converters import build_converters
 from torchtitan_like.components.float8 import Float8Converter
-from torchtitan_like.config.manager import ConfigError, parse_args
-from torchtitan_like.config.validate import parallel_dims_of
+from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.validate import parallel_dims_of, parse_args
 
 PLUGIN = ["--job.custom_import", str(ROOT / "tests/plugins/eps_converter.py")]
 EMULATED = ["--float8.emulate=true"]

@@ -3,7 +3,9 @@
 import pytest
 from harness import ROOT
 
-from torchtitan_like.config.manager import ConfigError, parse_args, to_toml
+from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.config.manager import to_toml
+from torchtitan_like.validate import parse_args
 
 PLUGIN = str(ROOT / "tests/plugins/research_section.py")
 

@@ -3,9 +3,11 @@ type-checked, unknown names refused; every caller of model_spec_and_args sees th
 
 import pytest
 
-from torchtitan_like.config.manager import ConfigError, parse_args, to_toml
+from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.config.manager import to_toml
 from torchtitan_like.models.registry import model_spec_and_args
 from torchtitan_like.tools.planner import from_job_config
+from torchtitan_like.validate import parse_args
 
 TINY = ["--model.flavor=tiny"]
 
@@ -22,7 +24,7 @@ def test_command_line_and_toml_overrides_replace_flavor_fields(tmp_path):
     args = args_of(["--job.config_file", str(toml), "--model.overrides.n_layers=3",
                     "--model.overrides.n_kv_heads=2"])
     assert (args.n_layers, args.norm_eps, args.kv_heads) == (3, 1e-6, 2)  # the CLI wins
-    assert "overrides = {n_layers = 2, norm_eps = 1e-06}" in to_toml(
+    assert "overrides = { n_layers = 2, norm_eps = 1e-06 }" in to_toml(
         parse_args(["--job.config_file", str(toml)], 1))
 
 

@@ -6,8 +6,9 @@ import dataclasses
 import pytest
 from harness import ROOT
 
-from torchtitan_like.config.manager import ConfigError, parse_args
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.models.registry import check_supported_dims, get_model_spec
+from torchtitan_like.validate import parse_args
 
 TINY_GPT = ["--job.custom_import", str(ROOT / "examples/custom_model/tiny_gpt.py"),
             "--model.name", "tiny_gpt", "--model.flavor", "small",

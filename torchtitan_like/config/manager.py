@@ -8,7 +8,6 @@ section, key, value and what was expected, before any process group or model exi
 from __future__ import annotations
 
 import ast
-import contextlib
 import dataclasses
 import difflib
 import functools
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from torchtitan_like.config.custom_sections import custom_sections, new_job_config
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
 
 if sys.version_info >= (3, 11):
@@ -34,10 +34,6 @@ EXTENDS_KEY = "extends"
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
-
-
-class ConfigError(ValueError):
-    """A config that cannot run; the message says what to change."""
 
 
 def did_you_mean(name: str, options: typing.Iterable[str]) -> str:
@@ -77,21 +73,18 @@ def type_name(tp: Any) -> str:
     if typing.get_origin(tp) is list:
         return f"list[{type_name(typing.get_args(tp)[0])}]"
     if typing.get_origin(tp) is dict:
-        return "table"
+        value_tp = typing.get_args(tp)[1]
+        return "table" if value_tp is Any else f"dict[str, {type_name(value_tp)}]"
     return tp.__name__
 
 
-def coerce(value: Any, tp: Any, where: str, from_cli: bool) -> Any:
+def _coerce(value: Any, tp: Any, where: str, from_cli: bool) -> Any:
     """Convert a TOML value (or a CLI string) to the field's type, or explain why not."""
 
     def fail() -> typing.NoReturn:
         raise ConfigError(f"{where}: got {value!r}, expected {type_name(tp)}")
 
     origin = typing.get_origin(tp)
-    if origin is dict or tp is dict:  # a table of values checked by their consumer
-        if not isinstance(value, dict):
-            fail()
-        return dict(value)
     if origin is Literal:
         choices = typing.get_args(tp)
         if value not in choices:
@@ -106,7 +99,19 @@ def coerce(value: Any, tp: Any, where: str, from_cli: bool) -> Any:
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list):
             fail()
-        return [coerce(v, item_tp, where, from_cli) for v in value]
+        return [_coerce(v, item_tp, where, from_cli) for v in value]
+    if origin is dict:  # a TOML inline table, or name=value,name=value on the command line
+        _, value_tp = typing.get_args(tp)
+        if from_cli and isinstance(value, str):
+            pairs = [item.partition("=") for item in value.split(",") if item.strip()]
+            if any(not eq for _, eq, _ in pairs):
+                fail()
+            value = {k.strip(): v.strip() for k, _, v in pairs}
+        if not isinstance(value, dict):
+            fail()
+        if value_tp is Any:  # values checked by their consumer, e.g. [model] overrides
+            return {str(k): v for k, v in value.items()}
+        return {str(k): _coerce(v, value_tp, where, from_cli) for k, v in value.items()}
     if from_cli and isinstance(value, str) and tp is not str:
         text = value.strip().lower()
         if tp is bool:
@@ -188,7 +193,9 @@ def _build(layers: list[tuple[str, dict[str, dict[str, Any]], bool]]) -> JobConf
             for key, value in values.items():
                 table, dot, entry = key.partition(".")
                 if dot and typing.get_origin(hints.get(table)) is dict:  # --model.overrides.x=1
-                    getattr(target, table)[entry] = value
+                    where = f"[{section}] {key} ({origin})"
+                    getattr(target, table).update(_coerce({entry: value}, hints[table], where,
+                                                          from_cli))
                     continue
                 if key not in hints:
                     raise ConfigError(
@@ -200,7 +207,7 @@ def _build(layers: list[tuple[str, dict[str, dict[str, Any]], bool]]) -> JobConf
                     if hints[key] is not bool:
                         raise ConfigError(f"{where}: needs a value of type {type_name(hints[key])}")
                     value = True
-                setattr(target, key, coerce(value, hints[key], where, from_cli))
+                setattr(target, key, _coerce(value, hints[key], where, from_cli))
     return config
 
 
@@ -241,7 +248,7 @@ def build_job_config(argv: list[str]) -> JobConfig:
     if config_file:
         layers.append((config_file, _load_toml(Path(config_file)), False))
     layers.append(("command line", cli, True))
-    imports = [coerce(layer["job"]["custom_import"], list[str], f"[job] custom_import ({origin})",
+    imports = [_coerce(layer["job"]["custom_import"], list[str], f"[job] custom_import ({origin})",
                       from_cli) for origin, layer, from_cli in layers
                if "custom_import" in layer.get("job", {})]
     if imports:  # first: they may register config sections (config/custom_sections.py)
@@ -249,27 +256,8 @@ def build_job_config(argv: list[str]) -> JobConfig:
     return _build(layers)
 
 
-def parse_args(argv: list[str], world_size: int) -> JobConfig:
-    """The trainer's front door: TOML + overrides -> a validated JobConfig.
-
-    Prints --help / --print_config and exits when asked. ``world_size`` is what the degrees
-    are checked against (torchrun's WORLD_SIZE, known before any process group exists).
-    """
-    if "--help" in argv or "-h" in argv:
-        with contextlib.suppress(ConfigError):  # imports custom_import (custom sections)
-            build_job_config([a for a in argv if a not in ("--help", "-h", "--print_config")])
-        print(help_text())
-        raise SystemExit(0)
-    print_config = "--print_config" in argv
-    config = build_job_config([a for a in argv if a != "--print_config"])
-    import_custom_modules(config.job.custom_import)
-    from torchtitan_like.config.validate import validate
-
-    validate(config, world_size)
-    if print_config:
-        print(to_toml(config))
-        raise SystemExit(0)
-    return config
+coerce = _coerce
+"""The same conversion for values checked outside the config's dataclasses (model overrides)."""
 
 
 def _toml_value(value: Any) -> str:
@@ -280,7 +268,8 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+        items = ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items())
+        return "{ " + items + " }" if items else "{}"
     return repr(value)
 
 
@@ -320,15 +309,15 @@ def help_text() -> str:
 
 
 def reference_markdown() -> str:
-    """The README's config reference: one table per built-in section, generated from the
-    dataclasses (sections a custom_import registers are documented by their fork)."""
+    """The config reference page (docs/config_reference.md): one table per built-in section,
+    generated from the dataclasses (sections a custom_import registers are its fork's)."""
     out = []
     defaults = new_job_config()
     for section, cls in sections().items():
         if section in custom_sections():
             continue
         docs, hints = field_docs(cls), typing.get_type_hints(cls)
-        out += [f"### [{section}]", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        out += [f"## [{section}]", "", "| key | type | default | meaning |", "|---|---|---|---|"]
         for f in dataclasses.fields(cls):
             default = _toml_value(getattr(getattr(defaults, section), f.name))
             kind = type_name(hints[f.name]).replace("|", "\\|")
@@ -345,7 +334,6 @@ __all__ = [
     "field_docs",
     "help_text",
     "import_custom_modules",
-    "parse_args",
     "reference_markdown",
     "sections",
     "to_toml",

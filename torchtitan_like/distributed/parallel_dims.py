@@ -21,7 +21,7 @@ import math
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from torchtitan_like.config.manager import ConfigError
+from torchtitan_like.config.errors import ConfigError
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 

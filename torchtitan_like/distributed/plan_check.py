@@ -16,7 +16,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.distributed.tensor import DTensor
 
-from torchtitan_like.config.manager import ConfigError
+from torchtitan_like.config.errors import ConfigError
 
 if TYPE_CHECKING:
     from torchtitan_like.config.job_config import JobConfig
