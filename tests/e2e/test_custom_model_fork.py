@@ -65,6 +65,10 @@ def test_each_layout_matches_one_process(runs, case):
 
 
 def test_tensor_parallel_is_refused_before_process_groups(fork):
+    # the checkout's file, in this process: a second file registering "tiny_gpt" here would
+    # clash with it in the registry (the launches above imported the copy in their processes)
+    example = ["--job.custom_import", str(ROOT / "examples/custom_model/tiny_gpt.py"),
+               *fork[2:]]
     with pytest.raises(ConfigError, match=r"model 'tiny_gpt' supports only data parallelism "
                        r"and \[pp\]"):
-        parse_args([*fork, "--parallelism.tensor_parallel_degree=2"], 2)
+        parse_args([*example, "--parallelism.tensor_parallel_degree=2"], 2)
