@@ -7,7 +7,8 @@ from torch import nn
 from torchtitan_like.components.converters import build_converters
 from torchtitan_like.components.float8 import Float8Converter
 from torchtitan_like.config.errors import ConfigError
-from torchtitan_like.validate import parallel_dims_of, parse_args
+from torchtitan_like.distributed.parallel_dims import ParallelDims
+from torchtitan_like.validate import parse_args
 
 PLUGIN = ["--job.custom_import", str(ROOT / "tests/plugins/eps_converter.py")]
 EMULATED = ["--float8.emulate=true"]
@@ -17,7 +18,7 @@ EMULATED = ["--float8.emulate=true"]
 def test_float8_by_name_or_by_its_switch_is_one_job(switch):
     config = parse_args([*switch, *EMULATED], 1)
     assert config.model.converters == ["float8"] and config.float8.enable
-    converters = build_converters(config, parallel_dims_of(config, 1), "cpu")
+    converters = build_converters(config, ParallelDims.from_config(config, 1), "cpu")
     assert [type(c) for c in converters.converters] == [Float8Converter]
 
 
