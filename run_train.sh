@@ -44,7 +44,7 @@ export TORCHAO_FORCE_SKIP_LOADING_SO_FILES="${TORCHAO_FORCE_SKIP_LOADING_SO_FILE
 
 # Check the job in one process first: a bad config or dataset is one line and exit code 2,
 # before torchrun starts; --help and --print_config are answered there too.
-preflight=("$PYTHON" -m torchtitan_like.preflight --job.config_file "$CONFIG_FILE" "$@")
+preflight=("$PYTHON" -m torchtitan_like.preflight --job.config_file "$CONFIG_FILE" "${USER_ARGS[@]}")
 for arg in "$@"; do
   case "$arg" in -h|--help|--print_config) WORLD_SIZE=$((NPROC * NNODES)) exec "${preflight[@]}" ;; esac
 done
