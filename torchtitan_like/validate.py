@@ -10,7 +10,6 @@ above ``config/`` (which imports nothing outside itself) because the checks ask 
 from __future__ import annotations
 
 from torchtitan_like.components import float8, profiling
-from torchtitan_like.components.activation_checkpoint import every_nth_layer
 from torchtitan_like.components.checkpoint import validate_checkpoint
 from torchtitan_like.components.data.sources import check_dataset_path
 from torchtitan_like.components.data.tokenizer import build_tokenizer
@@ -24,6 +23,7 @@ from torchtitan_like.config.manager import (
     to_toml,
 )
 from torchtitan_like.distributed import context_parallel, tensor_parallel
+from torchtitan_like.distributed.activation_checkpoint import every_nth_layer
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.pipeline import validate_pipeline
 from torchtitan_like.distributed.utils import device_type

@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
-from torchtitan_like.components.activation_checkpoint import apply_ac, every_nth_layer
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import ActivationCheckpoint
+from torchtitan_like.distributed.activation_checkpoint import apply_ac, every_nth_layer
 from torchtitan_like.models.llama3 import Llama3Args, Transformer
 from torchtitan_like.validate import parse_args
 
