@@ -1,0 +1,73 @@
+"""Qwen3 flavors: the published shapes, counted as transformers counts them; FLOPs from active
+parameters; layouts Qwen3 cannot run are refused with one clear error."""
+
+import pytest
+import torch
+
+from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.config.job_config import JobConfig
+from torchtitan_like.distributed.parallel_dims import ParallelDims
+from torchtitan_like.models.qwen3 import Qwen3Args, Qwen3Model, qwen3_flavors
+
+transformers = pytest.importorskip("transformers", reason="the counts are checked against it")
+
+
+def hf_config(args: Qwen3Args):
+    """The transformers config of this shape, written from our hyper-parameters."""
+    common = dict(vocab_size=args.vocab_size, hidden_size=args.dim,
+                  num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads,
+                  num_key_value_heads=args.kv_heads, head_dim=args.head_dim,
+                  intermediate_size=args.hidden_dim, rms_norm_eps=args.norm_eps,
+                  rope_theta=args.rope_theta, tie_word_embeddings=args.tie_word_embeddings)
+    if args.moe is None:
+        return transformers.Qwen3Config(**common)
+    return transformers.Qwen3MoeConfig(
+        **common, num_experts=args.moe.num_experts, num_experts_per_tok=args.moe.top_k,
+        moe_intermediate_size=args.moe_hidden_dim, norm_topk_prob=args.moe.route_norm)
+
+
+def _count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())  # a tied weight is one Parameter
+
+
+@pytest.mark.parametrize("flavor", qwen3_flavors)
+def test_flavor_counts_match_transformers(flavor):
+    args = qwen3_flavors[flavor]
+    config = hf_config(args)
+    cls = transformers.Qwen3ForCausalLM if args.moe is None else transformers.Qwen3MoeForCausalLM
+    with torch.device("meta"):
+        theirs, ours = cls(config), Qwen3Model(args)
+    assert _count(ours) == _count(theirs) == args.num_params()
+
+
+def test_published_sizes_and_active_flops():
+    """Totals round to the published names; the MoE active counts plus the embedding table
+    are the published activated sizes (3.3B, 22B)."""
+    billions = {n: a.num_params() / 1e9 for n, a in qwen3_flavors.items()}
+    assert round(billions["0.6B"], 1) == 0.6 and round(billions["32B"]) == 33
+    assert round(billions["30B-A3B"], 1) == 30.5 and round(billions["235B-A22B"]) == 235
+    for name, published in (("30B-A3B", 3.3), ("235B-A22B", 22)):
+        a = qwen3_flavors[name]
+        activated = (a.num_active_params() + a.vocab_size * a.dim) / 1e9
+        assert abs(activated - published) / published < 0.03, (name, activated)
+        assert a.flops_per_token(4096) == (6 * a.num_active_params()
+                                           + 12 * a.n_layers * a.n_heads * a.head_dim * 4096)
+    dense = qwen3_flavors["8B"]
+    assert dense.num_active_params() == dense.num_params() - dense.vocab_size * dense.dim
+
+
+def _validate(flavor: str, tp: int = 1, pp: int = 1) -> None:
+    config = JobConfig()
+    config.model.name, config.model.flavor = "qwen3", flavor
+    dims = ParallelDims(pp=pp, dp_replicate=1, dp_shard=1, cp=1, tp=tp, world_size=tp * pp)
+    qwen3_flavors[flavor].validate(config, dims)
+
+
+def test_layouts_qwen3_cannot_run_are_refused():
+    with pytest.raises(ConfigError, match=r"mixture of experts.*tensor_parallel_degree = 1"):
+        _validate("debugmodel_moe", tp=2)
+    with pytest.raises(ConfigError, match="ties the output head"):
+        _validate("0.6B", pp=2)
+    with pytest.raises(ConfigError, match="n_kv_heads = 8 is not divisible"):
+        _validate("8B", tp=16)
+    _validate("8B", tp=8)
