@@ -3,27 +3,14 @@ parameters; layouts Qwen3 cannot run are refused with one clear error."""
 
 import pytest
 import torch
+from qwen3_shapes import hf_config
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.distributed.parallel_dims import ParallelDims
-from torchtitan_like.models.qwen3 import Qwen3Args, Qwen3Model, qwen3_flavors
+from torchtitan_like.models.qwen3 import Qwen3Model, qwen3_flavors
 
 transformers = pytest.importorskip("transformers", reason="the counts are checked against it")
-
-
-def hf_config(args: Qwen3Args):
-    """The transformers config of this shape, written from our hyper-parameters."""
-    common = dict(vocab_size=args.vocab_size, hidden_size=args.dim,
-                  num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads,
-                  num_key_value_heads=args.kv_heads, head_dim=args.head_dim,
-                  intermediate_size=args.hidden_dim, rms_norm_eps=args.norm_eps,
-                  rope_theta=args.rope_theta, tie_word_embeddings=args.tie_word_embeddings)
-    if args.moe is None:
-        return transformers.Qwen3Config(**common)
-    return transformers.Qwen3MoeConfig(
-        **common, num_experts=args.moe.num_experts, num_experts_per_tok=args.moe.top_k,
-        moe_intermediate_size=args.moe_hidden_dim, norm_topk_prob=args.moe.route_norm)
 
 
 def _count(model: torch.nn.Module) -> int:
@@ -71,3 +58,12 @@ def test_layouts_qwen3_cannot_run_are_refused():
     with pytest.raises(ConfigError, match="n_kv_heads = 8 is not divisible"):
         _validate("8B", tp=16)
     _validate("8B", tp=8)
+
+
+def test_sharded_hf_load_of_experts_is_refused():
+    config = JobConfig()
+    config.model.name, config.model.flavor = "qwen3", "debugmodel_moe"
+    config.checkpoint.initial_load_in_hf = True
+    dims = ParallelDims(pp=1, dp_replicate=1, dp_shard=2, cp=1, tp=1, world_size=2)
+    with pytest.raises(ConfigError, match="convert the folder to a seed checkpoint"):
+        qwen3_flavors["debugmodel_moe"].validate(config, dims)

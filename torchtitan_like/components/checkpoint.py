@@ -139,10 +139,23 @@ def validate_checkpoint(config: JobConfig, world_size: int) -> None:
             require((path / "config.json").is_file() and any(path.glob("*.safetensors")),
                     f"initial_load_path = {path}: no config.json and *.safetensors there "
                     "(a HuggingFace model folder is expected with initial_load_in_hf)")
+            _check_hf_config(config, path)
         else:
             require((path / ".metadata").is_file(),
                     f"initial_load_path = {path}: no DCP checkpoint there (no .metadata file); "
                     "for a HuggingFace folder set initial_load_in_hf = true")
+
+
+def _check_hf_config(config: JobConfig, path: Path) -> None:
+    """The HF folder's config.json describes the job's model flavor, or one error naming
+    every field that differs (before any process group starts)."""
+    from torchtitan_like.models.registry import model_spec_and_args
+
+    spec, args = model_spec_and_args(config)
+    try:
+        spec.hf_adapter(args).check_config(json.loads((path / "config.json").read_text()))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"[checkpoint] initial_load_path = {path}: {e}") from None
 
 
 # --- the states, each a Stateful with a flat state dict (so DCP keys are "<state>.<key>") ---

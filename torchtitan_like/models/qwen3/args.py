@@ -67,6 +67,12 @@ class Qwen3Args(BaseModelArgs):
             raise ConfigError(f"{flavor} is a mixture of experts, whose experts tensor "
                               "parallelism does not split; use [parallelism] "
                               "tensor_parallel_degree = 1 (FSDP/HSDP, CP and PP apply)")
+        if (self.moe is not None and job_config.checkpoint.initial_load_in_hf
+                and parallel_dims.fsdp_enabled):
+            raise ConfigError(f"{flavor}: HF expert weights are read one tensor per expert, "
+                              "into unsharded stacks; with FSDP/HSDP/CP convert the folder to "
+                              "a seed checkpoint first (scripts/convert_hf.py from_hf) and set "
+                              "initial_load_path to it with initial_load_in_hf = false")
         check_heads_and_layout(self, job_config, parallel_dims)
 
     def _block_params(self, experts: int) -> int:
