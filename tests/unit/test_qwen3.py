@@ -1,6 +1,9 @@
 """Qwen3 flavors: the published shapes, counted as transformers counts them; FLOPs from active
 parameters; layouts Qwen3 cannot run are refused with one clear error."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from qwen3_shapes import hf_config
@@ -9,6 +12,9 @@ from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.models.qwen3 import Qwen3Model, qwen3_flavors
+from torchtitan_like.validate import parse_args
+
+CONFIGS = Path(__file__).resolve().parents[2] / "train_configs"
 
 transformers = pytest.importorskip("transformers", reason="the counts are checked against it")
 
@@ -67,3 +73,32 @@ def test_sharded_hf_load_of_experts_is_refused():
     dims = ParallelDims(pp=1, dp_replicate=1, dp_shard=2, cp=1, tp=1, world_size=2)
     with pytest.raises(ConfigError, match="convert the folder to a seed checkpoint"):
         qwen3_flavors["debugmodel_moe"].validate(config, dims)
+
+
+# Qwen/Qwen3-0.6B's config.json as published (transformers 4.51 keys).
+PUBLISHED_0_6B = {
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+    "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+    "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None,
+    "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936,
+}
+
+
+def test_continue_config_validates_with_the_published_folder(tmp_path, monkeypatch):
+    """The shipped continued-pre-training config, at its 8 GPUs, against a folder holding the
+    published config.json (the weights file is not read at validation)."""
+    (tmp_path / "Qwen3-0.6B").mkdir()
+    (tmp_path / "Qwen3-0.6B/config.json").write_text(json.dumps(PUBLISHED_0_6B))
+    (tmp_path / "Qwen3-0.6B/model.safetensors").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    config = parse_args(["--job.config_file", str(CONFIGS / "qwen3_0.6b_continue.toml"),
+                         "--model.tokenizer_path=", "--training.dataset=cpython_docs"], 8)
+    assert config.checkpoint.initial_load_in_hf and config.model.flavor == "0.6B"
+    with pytest.raises(ConfigError, match=r"hidden_size: HF 1024, ours 2048"):
+        parse_args(["--job.config_file", str(CONFIGS / "qwen3_0.6b_continue.toml"),
+                    "--model.tokenizer_path=", "--training.dataset=cpython_docs",
+                    "--model.flavor=1.7B"], 8)

@@ -1,7 +1,8 @@
 """Every shipped config parses and validates at the world size it is written for.
 
-GPU-only switches are turned off for this CPU (async TP needs CUDA), and the 128K config's
-data, tokenizer and 8K checkpoint, which a user supplies, are replaced by the built-in ones.
+GPU-only switches are turned off for this CPU (async TP needs CUDA), and what a user supplies
+(the 128K config's data, tokenizer and 8K checkpoint; the Qwen3 HF folder, checked in
+tests/unit/test_qwen3.py) is replaced by the built-in data and tokenizer and no initial load.
 """
 
 from pathlib import Path
@@ -18,9 +19,11 @@ WORLD_SIZES = {
     "llama3_70b.toml": 64,
     "llama3_405b.toml": 16384,
     "llama3_405b_128k.toml": 16384,
+    "qwen3_0.6b_continue.toml": 8,
 }
 ON_THIS_CPU = ["--parallelism.enable_async_tensor_parallel=false", "--model.tokenizer_path=",
-               "--training.dataset=cpython_docs", "--checkpoint.initial_load_path="]
+               "--training.dataset=cpython_docs", "--checkpoint.initial_load_path=",
+               "--checkpoint.initial_load_in_hf=false"]
 
 
 def test_every_shipped_config_is_listed():
