@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 import sys
 
-from torchtitan_like.config.manager import ConfigError, parse_args
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.logging import init_logger, logger
+from torchtitan_like.validate import parse_args
 
 
 def main(argv: list[str] | None = None) -> int:

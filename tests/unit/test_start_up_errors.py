@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from torchtitan_like.config.manager import ConfigError, parse_args
+from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.validate import parse_args
 
 
 def test_all_unknown_keys_and_bad_values_in_one_error():

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from torchtitan_like.config import torchtitan_keys
-from torchtitan_like.config.manager import ConfigError, parse_args
+from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.validate import parse_args
 
 ROOT = Path(__file__).parents[2]
 TORCHTITAN_TOML = ROOT / "tests/assets/torchtitan_debug_model.toml"

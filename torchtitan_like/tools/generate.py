@@ -83,7 +83,7 @@ def tensor_parallel(model: torch.nn.Module, model_name: str, tp: int,
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     from torchtitan_like.config.job_config import JobConfig
-    from torchtitan_like.config.validate import parallel_dims_of
+    from torchtitan_like.validate import parallel_dims_of
 
     config = JobConfig()
     config.parallelism.tensor_parallel_degree = tp

@@ -19,8 +19,8 @@ from torchtitan_like.components.data.sources import (
     cpython_documents,
     local_documents,
 )
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import Training
-from torchtitan_like.config.manager import ConfigError
 
 
 def _check_file(path: Path, text_field: str) -> None:
