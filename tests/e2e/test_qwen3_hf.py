@@ -3,7 +3,8 @@
 A random tiny ``Qwen3ForCausalLM`` / ``Qwen3MoeForCausalLM`` saved with ``save_pretrained`` is
 the job's ``[checkpoint] initial_load_path``; the trainer's first-step loss equals the loss
 transformers computes on the same batch, and an export of the trained checkpoint, read back by
-``AutoModelForCausalLM``, gives the trainer's logits.
+``AutoModelForCausalLM``, gives the trainer's logits (the export is the trainer's own
+``[checkpoint] last_save_in_hf``, which scripts/convert_hf.py to_hf shares).
 
 Tolerance 1e-5 (fp32): both sides run the same operations on the same weights (RMSNorm, RoPE
 with theta 1e6, SDPA, SwiGLU, fp32 softmax routing); they differ only in summation order and
@@ -13,13 +14,12 @@ MoE routing could flip only if two experts' scores tied within that rounding, wh
 weights make improbable; the loss would then differ by far more than 1e-5 and the test says so.
 """
 
-import importlib.util
 import json
 
 import pytest
 import torch
 import torch.nn.functional as F
-from harness import ROOT, build_trainer, job_args
+from harness import build_trainer, job_args
 from qwen3_shapes import hf_config
 
 from torchtitan_like.components.data.dataloader import build_dataloader
@@ -56,7 +56,7 @@ def test_first_loss_and_export_match_transformers(flavor, one_process_group, cor
     theirs = _save_hf_model(flavor, hf_in)
     job = [*QWEN3, "--model.flavor", flavor, "--checkpoint.initial_load_path", str(hf_in),
            "--checkpoint.initial_load_in_hf", "true", "--checkpoint.enable", "true",
-           "--training.steps", "2"]
+           "--training.steps", "2", "--checkpoint.last_save_in_hf", "true"]
     trainer = build_trainer(job, tmp_path / "run", corpus, one_process_group)
     inputs, labels = next(iter(build_dataloader(trainer.config.training, trainer.tokenizer,
                                                 dp_rank=0, dp_degree=1)))
@@ -65,22 +65,12 @@ def test_first_loss_and_export_match_transformers(flavor, one_process_group, cor
     assert first["step"] == 1
     assert abs(first["loss"] - _hf_loss(theirs, inputs, labels)) < 1e-5
 
-    convert = _convert_hf()
-    hf_out = tmp_path / "hf_out"
-    assert convert(["to_hf", str(tmp_path / "run/checkpoint/step-2"), str(hf_out),
-                    "--model", "qwen3", "--dtype", "float32"]) == 0
+    hf_out = tmp_path / "run/checkpoint/step-2-hf"  # [checkpoint] last_save_in_hf
     exported = transformers.AutoModelForCausalLM.from_pretrained(hf_out, dtype=torch.float32)
     model = trainer.model_parts[0].eval()
     with torch.no_grad():
         diff = (model(inputs) - exported.eval()(inputs).logits).abs().max().item()
     assert diff < 1e-4, diff
-
-
-def _convert_hf():
-    spec = importlib.util.spec_from_file_location("convert_hf", ROOT / "scripts/convert_hf.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
 
 
 def test_mismatched_hf_folder_is_refused_before_start(corpus, tmp_path):
