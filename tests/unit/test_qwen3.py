@@ -11,7 +11,7 @@ from qwen3_shapes import hf_config
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.distributed.parallel_dims import ParallelDims
-from torchtitan_like.models.qwen3 import Qwen3Model, qwen3_flavors
+from torchtitan_like.models.qwen3 import Qwen3HFAdapter, Qwen3Model, qwen3_flavors
 from torchtitan_like.validate import parse_args
 
 CONFIGS = Path(__file__).resolve().parents[2] / "train_configs"
@@ -98,6 +98,9 @@ def test_continue_config_validates_with_the_published_folder(tmp_path, monkeypat
     config = parse_args(["--job.config_file", str(CONFIGS / "qwen3_0.6b_continue.toml"),
                          "--model.tokenizer_path=", "--training.dataset=cpython_docs"], 8)
     assert config.checkpoint.initial_load_in_hf and config.model.flavor == "0.6B"
+    published = Qwen3HFAdapter(qwen3_flavors["0.6B"])
+    with pytest.raises(ValueError, match=r"eps: HF 1e-05, ours 1e-06; hidden_act: HF gelu"):
+        published.check_config({**PUBLISHED_0_6B, "hidden_act": "gelu", "rms_norm_eps": 1e-5})
     with pytest.raises(ConfigError, match=r"hidden_size: HF 1024, ours 2048"):
         parse_args(["--job.config_file", str(CONFIGS / "qwen3_0.6b_continue.toml"),
                     "--model.tokenizer_path=", "--training.dataset=cpython_docs",

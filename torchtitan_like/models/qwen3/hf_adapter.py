@@ -111,7 +111,8 @@ class Qwen3HFAdapter:
         return config
 
     def check_config(self, hf_config: dict[str, Any]) -> None:
-        """ValueError naming every field where an HF config.json differs from ``args``."""
+        """ValueError naming every shape- or function-defining field where an HF config.json
+        differs from ``args``."""
         rope = hf_config.get("rope_scaling") or hf_config.get("rope_parameters") or {}
         if rope.get("rope_type", rope.get("type", "default")) != "default":
             raise ValueError(f"unsupported HuggingFace rope type {rope.get('rope_type')!r}")
@@ -129,7 +130,11 @@ class Qwen3HFAdapter:
         theirs = {k: hf_config.get(k, hf_config.get(aliases.get(k, ""), defaults.get(k)))
                   for k in fields}
         theirs["rope_theta"] = hf_config.get("rope_theta", rope.get("rope_theta"))
-        theirs["rms_norm_eps"] = hf_config.get("rms_norm_eps")
+        # Function-defining fields too: another epsilon, activation or bias computes another
+        # model (defaults are transformers' Qwen3Config's).
+        theirs["rms_norm_eps"] = hf_config.get("rms_norm_eps", 1e-6)
+        theirs["hidden_act"] = hf_config.get("hidden_act", "silu")
+        theirs["attention_bias"] = hf_config.get("attention_bias", False)
         differ = [f"{k}: HF {v}, ours {ours[k]}" for k, v in theirs.items() if v != ours[k]]
         if differ:
             raise ValueError("the HuggingFace config.json does not describe this model ("
