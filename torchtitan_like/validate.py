@@ -25,6 +25,7 @@ from torchtitan_like.config.manager import (
     to_toml,
 )
 from torchtitan_like.distributed import context_parallel, tensor_parallel
+from torchtitan_like.distributed.gpu_check import require_usable_gpus
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.pipeline import validate_pipeline
 from torchtitan_like.distributed.utils import device_type
@@ -90,6 +91,7 @@ def _validate_numbers(config: JobConfig) -> None:
 
 
 def validate(config: JobConfig, world_size: int) -> None:
+    require_usable_gpus()  # before device_type() below could quietly pick the CPU
     _validate_numbers(config)
     ac = config.activation_checkpoint
     if ac.mode == "selective" and ac.selective_ac_option != "op":
