@@ -16,7 +16,6 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from torchtitan_like.components.checkpoint.folder import (
@@ -28,6 +27,7 @@ from torchtitan_like.components.checkpoint.folder import (
     recover,
     step_folders,
 )
+from torchtitan_like.components.checkpoint.staging import StepOrderedStager
 from torchtitan_like.components.checkpoint.states import (
     JSONState,
     ModelState,
@@ -111,24 +111,16 @@ class CheckpointManager:
         self.loaded_from: Path | None = None
         self._in_flight: Future | None = None
         self._staging: Future | None = None
-        self._stager: DefaultStager | None = None
+        self._stager: StepOrderedStager | None = None
         needed = self.c.enable or bool(self.c.initial_load_path)
         # Checkpoint collectives (DCP's plans, the load checks) run on their own gloo group: a
         # CPU group for NCCL jobs, and one that async saves' threads never share with training.
         self.pg = dist.new_group(backend="gloo") if needed else None
         self._background = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
         if self.c.enable and self.c.async_mode == "async_with_pinned_mem":
-            self._stager = DefaultStager(self._staging_options(device))
+            self._stager = StepOrderedStager(device)  # after the step; /dev/shm checked
             for optimizer in optimizers.optimizers:
                 optimizer.register_step_pre_hook(self._wait_for_staging)
-
-    @staticmethod
-    def _staging_options(device: torch.device) -> StagingOptions:
-        """Pinned memory and non-blocking copies on an accelerator; on CPU (where both need
-        one) plain shared memory, still staged in the background."""
-        accelerator = device.type != "cpu"
-        return StagingOptions(use_pinned_memory=accelerator, use_shared_memory=True,
-                              use_async_staging=True, use_non_blocking_copy=accelerator)
 
     # --- loading ---
 
