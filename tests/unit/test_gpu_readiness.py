@@ -174,3 +174,28 @@ def test_float8_checks_local_shapes_under_tp():
     assert select_linears(model, []).converted == ["layers.0.w"]
     skipped = select_linears(model, [], tp=2).skipped["layers.0.w"]
     assert "x TP 2" in skipped  # 48 / 2 = 24 rows or columns: not a multiple of 16
+
+
+TIMEOUT_WORKER = """
+import torch, torch.distributed as dist
+from torchtitan_like.distributed.parallel_dims import ParallelDims
+from torchtitan_like.distributed.utils import PROCESS_GROUP_TIMEOUT_S, init_distributed
+init_distributed()
+meshes = ParallelDims.resolve(2, dp_shard=2).build_meshes("cpu")
+groups = [m.get_group(d) for m in (meshes.dense, meshes.dp, meshes.dp_cp, meshes.fsdp)
+          for d in range(m.ndim)]
+seconds = {g._get_backend(torch.device("cpu")).options._timeout.total_seconds() for g in groups}
+assert seconds == {PROCESS_GROUP_TIMEOUT_S}, seconds
+dist.destroy_process_group()
+"""
+
+
+def test_mesh_subgroups_follow_the_world_timeout(tmp_path):
+    """DeviceMesh makes its size-1 (and other) subgroups with gloo's 30-minute default; every
+    group must wait no longer than the world group (one 2-process launch)."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(TIMEOUT_WORKER)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node=2", str(worker)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -37,7 +37,9 @@ an existing ``step-N`` (after resuming from an earlier ``load_step``) moves the 
 thread. ``async_with_pinned_mem``: the copy into pinned shared memory runs in the background
 (the loop waits for it only before the next optimizer step, which would modify the copied
 tensors) and a separate writer process writes it; on CPU, pinning and non-blocking copies need
-an accelerator, so shared memory without pinning is used. Async saves use their own gloo
+an accelerator, so shared memory without pinning is used. The copy starts only after the
+optimizer step's kernels finished, and the first one is checked against the free space in
+/dev/shm (staging.py). Async saves use their own gloo
 process group, so their collectives never interleave with training's. At most one save is in
 flight: a new save first waits for the previous one. Old checkpoints are deleted
 (``keep_latest_k``) in the background, only after a newer save is complete.
@@ -58,7 +60,7 @@ not detected.
 
 **Modules.** validate.py: the start-up checks and CheckpointError; states.py: the Stateful
 wrappers; folder.py: the folder protocol (discovery, publication, clean-up, load checks);
-manager.py: CheckpointManager, which loads and saves.
+staging.py: the pinned stager; manager.py: CheckpointManager, which loads and saves.
 """
 
 from torchtitan_like.components.checkpoint.manager import CheckpointManager, SaveRecord
