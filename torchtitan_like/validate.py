@@ -12,10 +12,11 @@ from __future__ import annotations
 from torchtitan_like.components import float8, profiling
 from torchtitan_like.components.activation_checkpoint import every_nth_layer
 from torchtitan_like.components.checkpoint import validate_checkpoint
-from torchtitan_like.components.data.sources import check_dataset_path
+from torchtitan_like.components.data.checks import check_data
 from torchtitan_like.components.data.tokenized import validate_data_options
 from torchtitan_like.components.data.tokenizer import build_tokenizer
 from torchtitan_like.components.fault_injection import validate_faults
+from torchtitan_like.components.hf_export import validate_hf_export
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.config.manager import (
@@ -26,6 +27,7 @@ from torchtitan_like.config.manager import (
 )
 from torchtitan_like.distributed import context_parallel, tensor_parallel
 from torchtitan_like.distributed.gpu_check import require_usable_gpus
+from torchtitan_like.distributed.layout_rules import accumulation_steps
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.pipeline import validate_pipeline
 from torchtitan_like.distributed.utils import device_type
@@ -37,55 +39,22 @@ def _require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def parallel_dims_of(config: JobConfig, world_size: int):
-    p = config.parallelism
-    return ParallelDims.resolve(
-        world_size,
-        dp_replicate=p.data_parallel_replicate_degree,
-        dp_shard=p.data_parallel_shard_degree,
-        cp=p.context_parallel_degree,
-        tp=p.tensor_parallel_degree,
-        enable_loss_parallel=not p.disable_loss_parallel,
-        pp=p.pipeline_parallel_degree,
-    )
-
-
 def grad_accumulation_steps(config: JobConfig, dp_degree: int) -> int:
     """Microbatches per optimizer step on each rank: global / (local x dp)."""
     t = config.training
-    per_microbatch = t.local_batch_size * dp_degree
-    if t.global_batch_size == -1:
-        return 1
-    _require(
-        t.global_batch_size % per_microbatch == 0,
-        f"[training] global_batch_size = {t.global_batch_size} must be a multiple of "
-        f"local_batch_size x data-parallel degree = {t.local_batch_size} x {dp_degree} = "
-        f"{per_microbatch} (the multiple is the number of accumulated microbatches)",
-    )
-    return t.global_batch_size // per_microbatch
+    return accumulation_steps(t.global_batch_size, t.local_batch_size, dp_degree)
 
 
 def _validate_numbers(config: JobConfig) -> None:
-    t, s, o = config.training, config.lr_scheduler, config.optimizer
-    for name in ("local_batch_size", "seq_len", "steps"):
-        _require(getattr(t, name) >= 1, f"[training] {name} = {getattr(t, name)}: must be >= 1")
+    """Numbers whose valid values are not one range (simple ranges: ``ranged`` fields)."""
+    t, s = config.training, config.lr_scheduler
     _require(t.global_batch_size == -1 or t.global_batch_size >= 1,
              f"[training] global_batch_size = {t.global_batch_size}: must be >= 1 or -1")
-    _require(t.max_norm >= 0, f"[training] max_norm = {t.max_norm}: must be >= 0 (0 = no clip)")
     _require(t.holdout_every >= 0 and t.holdout_every != 1,
              f"[training] holdout_every = {t.holdout_every}: must be 0 (off) or >= 2")
-    _require(o.lr > 0, f"[optimizer] lr = {o.lr}: must be > 0")
-    for name in ("beta1", "beta2"):
-        _require(0 <= getattr(o, name) < 1, f"[optimizer] {name}: must be in [0, 1)")
-    _require(s.warmup_steps >= 0, "[lr_scheduler] warmup_steps: must be >= 0")
     _require(s.decay_ratio == -1 or 0 <= s.decay_ratio <= 1,
              f"[lr_scheduler] decay_ratio = {s.decay_ratio}: must be in [0, 1] or -1")
-    _require(0 <= s.min_lr_factor <= 1, "[lr_scheduler] min_lr_factor: must be in [0, 1]")
-    _require(config.metrics.log_freq >= 1, "[metrics] log_freq: must be >= 1")
-    _require(config.metrics.peak_tflops >= 0, "[metrics] peak_tflops: must be >= 0")
-    v = config.validation
-    if v.enable:
-        _require(v.freq >= 1 and v.steps >= 1, "[validation] freq and steps: must be >= 1")
+    if config.validation.enable:
         _require(t.holdout_every > 0,
                  "[validation] enable needs a held-out split: set [training] holdout_every >= 2")
 
@@ -98,7 +67,7 @@ def validate(config: JobConfig, world_size: int) -> None:
         every_nth_layer(ac.selective_ac_option)
     float8.validate(config.float8, device_type())
     profiling.validate(config.profiling, device_type())
-    parallel_dims = parallel_dims_of(config, world_size)
+    parallel_dims = ParallelDims.from_config(config, world_size)
     grad_accumulation_steps(config, parallel_dims.dp)
     tensor_parallel.validate(config, parallel_dims)
     spec, args = model_spec_and_args(config)
@@ -117,10 +86,10 @@ def validate(config: JobConfig, world_size: int) -> None:
         f"the tokenizer has {tokenizer.vocab_size} tokens but [model] flavor "
         f"{config.model.flavor} only {vocab} embeddings; choose a larger flavor or tokenizer",
     )
-    if config.training.dataset == "local":
-        check_dataset_path(config.training.dataset_path)
     validate_data_options(config.training, config.model.tokenizer_path, tokenizer.vocab_size)
+    check_data(config.training, config.validation.enable)
     validate_checkpoint(config, world_size)
+    validate_hf_export(config)
     validate_faults(config, world_size)
 
 

@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed.utils import follow_world_timeout
+
+if TYPE_CHECKING:
+    from torchtitan_like.config.job_config import JobConfig
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
@@ -78,6 +82,20 @@ class ParallelDims:
             )
         return cls(pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp,
                    world_size=world_size, enable_loss_parallel=enable_loss_parallel)
+
+    @classmethod
+    def from_config(cls, config: JobConfig, world_size: int) -> ParallelDims:
+        """The degrees of ``[parallelism]`` on ``world_size`` ranks."""
+        p = config.parallelism
+        return cls.resolve(
+            world_size,
+            dp_replicate=p.data_parallel_replicate_degree,
+            dp_shard=p.data_parallel_shard_degree,
+            cp=p.context_parallel_degree,
+            tp=p.tensor_parallel_degree,
+            enable_loss_parallel=not p.disable_loss_parallel,
+            pp=p.pipeline_parallel_degree,
+        )
 
     @property
     def dp(self) -> int:
