@@ -161,7 +161,7 @@ class Trainer:
         )
 
     def state_dict(self) -> dict[str, int]:
-        """The trainer's own part of a checkpoint (components/checkpoint.py adds RNG states)."""
+        """The trainer's own part of a checkpoint (checkpoint/states.py adds RNG states)."""
         return {"step": self.step, "tokens_seen": self.tokens_seen}
 
     def load_state_dict(self, state: dict[str, int]) -> None:

@@ -26,6 +26,7 @@ from torchtitan_like.config.manager import (
 )
 from torchtitan_like.distributed import context_parallel, tensor_parallel
 from torchtitan_like.distributed.activation_checkpoint import every_nth_layer
+from torchtitan_like.distributed.gpu_check import require_usable_gpus
 from torchtitan_like.distributed.layout_rules import accumulation_steps
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.pipeline import validate_pipeline
@@ -59,6 +60,7 @@ def _validate_numbers(config: JobConfig) -> None:
 
 
 def validate(config: JobConfig, world_size: int) -> None:
+    require_usable_gpus()  # before device_type() below could quietly pick the CPU
     _validate_numbers(config)
     ac = config.activation_checkpoint
     if ac.mode == "selective" and ac.selective_ac_option != "op":

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.distributed.utils import follow_world_timeout
 
 if TYPE_CHECKING:
     from torchtitan_like.config.job_config import JobConfig
@@ -132,13 +133,15 @@ class ParallelDims:
         pp, tp = self.pp, self.tp
         fsdp = world._unflatten(0, (pp, self.dp_replicate, self.dp_shard * self.cp, tp),
                                 ("pp", "dp_replicate", "dp_shard_cp", "tp"))
-        return Meshes(
+        meshes = Meshes(
             dense=dense,
             dp=world._unflatten(0, (pp, self.dp, self.cp, tp), ("pp", "dp", "cp", "tp"))["dp"],
             dp_cp=world._unflatten(0, (pp, self.dp * self.cp, tp), ("pp", "dp_cp", "tp"))["dp_cp"],
             fsdp=fsdp["dp_replicate", "dp_shard_cp"] if self.dp_replicate > 1
             else fsdp["dp_shard_cp"],
         )
+        follow_world_timeout([meshes.dense, meshes.dp, meshes.dp_cp, meshes.fsdp])
+        return meshes
 
 
 @dataclasses.dataclass(frozen=True)
