@@ -27,6 +27,8 @@ def parallel_dims_of(config: JobConfig, world_size: int):
         tp=p.tensor_parallel_degree,
         enable_loss_parallel=not p.disable_loss_parallel,
         pp=p.pipeline_parallel_degree,
+        ep=p.expert_parallel_degree,
+        etp=p.expert_tensor_parallel_degree,
     )
 
 
@@ -78,6 +80,7 @@ def validate(config: JobConfig, world_size: int) -> None:
     from torchtitan_like.components.data.tokenizer import build_tokenizer
     from torchtitan_like.components.fault_injection import validate_faults
     from torchtitan_like.distributed import context_parallel, tensor_parallel
+    from torchtitan_like.distributed.expert_layout import validate_expert_layout
     from torchtitan_like.distributed.pipeline import validate_pipeline
     from torchtitan_like.distributed.utils import device_type
     from torchtitan_like.models.registry import model_spec_and_args
@@ -92,6 +95,7 @@ def validate(config: JobConfig, world_size: int) -> None:
     grad_accumulation_steps(config, parallel_dims.dp)
     tensor_parallel.validate(config, parallel_dims)
     spec, args = model_spec_and_args(config)
+    validate_expert_layout(parallel_dims, getattr(args, "num_experts", 0))
     context_parallel.validate(config, parallel_dims, spec.context_parallel_buffers is not None)
     if parallel_dims.pp > 1:
         _require(spec.pipelining_fn is not None,
