@@ -95,7 +95,7 @@ def validate(config: JobConfig, world_size: int) -> None:
     grad_accumulation_steps(config, parallel_dims.dp)
     tensor_parallel.validate(config, parallel_dims)
     spec, args = model_spec_and_args(config)
-    validate_expert_layout(parallel_dims, getattr(args, "num_experts", 0))
+    validate_expert_layout(parallel_dims, args.num_routed_experts())
     context_parallel.validate(config, parallel_dims, spec.context_parallel_buffers is not None)
     if parallel_dims.pp > 1:
         _require(spec.pipelining_fn is not None,

@@ -71,6 +71,12 @@ def validate_expert_layout(dims: ParallelDims, num_experts: int) -> None:
             f"{fields} = {dims.ep} must divide the model's {num_experts} routed experts "
             "(each EP rank holds the same number of experts)"
         )
+    if dims.etp > 1:
+        raise ConfigError(
+            f"[parallelism] expert_tensor_parallel_degree = {dims.etp}: tensor parallelism "
+            "inside the experts is not implemented yet; set it to 1 (EP then borrows the TP "
+            "ranks too, which hold different tokens under sequence parallel)"
+        )
 
 
 def expert_mesh(world: DeviceMesh, dims: ParallelDims) -> DeviceMesh:
