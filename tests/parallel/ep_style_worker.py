@@ -1,4 +1,4 @@
-"""torchrun entry of test_expert_parallel_style.py: ExpertParallel on a toy experts module.
+"""torchrun entry of test_expert_parallel_style.py: ExpertParallel on GroupedExperts.
 
 Every rank also builds the one-process reference (the same seed gives the same full weights)
 and runs it on the tokens of all ranks, in the order expert parallelism hands them to each
@@ -9,7 +9,6 @@ same order; only kernel blocking and FSDP's sum order differ (see ``close``). Pr
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -18,34 +17,19 @@ from torchtitan_like.distributed.expert_parallel import apply_expert_fsdp, apply
 from torchtitan_like.distributed.fsdp import apply_fsdp
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.utils import clip_grad_norm_
+from torchtitan_like.models.moe import GroupedExperts
 
-EXPERTS, DIM, HIDDEN = 4, 8, 12
-
-
-class ToyExperts(nn.Module):
-    """GroupedExperts' interface (stacked weights, tokens sorted by expert) as a plain loop."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.w1 = nn.Parameter(torch.randn(EXPERTS, HIDDEN, DIM) / DIM**0.5)
-        self.w2 = nn.Parameter(torch.randn(EXPERTS, DIM, HIDDEN) / HIDDEN**0.5)
-        self.w3 = nn.Parameter(torch.randn(EXPERTS, HIDDEN, DIM) / DIM**0.5)
-
-    def forward(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
-        w1, w2, w3 = (w.to_local() if isinstance(w, DTensor) else w
-                      for w in (self.w1, self.w2, self.w3))
-        chunks = torch.split(x, num_tokens_per_expert.tolist())
-        return torch.cat([(F.silu(c @ w1[e].T) * (c @ w3[e].T)) @ w2[e].T
-                          for e, c in enumerate(chunks)])
+EXPERTS, DIM, HIDDEN = 4, 8, 16
 
 
 class ToyMoE(nn.Module):
     """A dense projection (FSDP-sharded) feeding the experts: two meshes in one model."""
 
-    def __init__(self) -> None:
+    def __init__(self, use_grouped_mm: bool) -> None:
         super().__init__()
         self.proj = nn.Linear(DIM, DIM)
-        self.experts = ToyExperts()
+        self.experts = GroupedExperts(DIM, HIDDEN, EXPERTS, use_grouped_mm)
+        self.experts.init_weights(init_std=0.5)
 
     def forward(self, x: torch.Tensor, expert_of_token: torch.Tensor) -> torch.Tensor:
         order = torch.argsort(expert_of_token, stable=True)
@@ -96,42 +80,48 @@ def full(grad: torch.Tensor) -> torch.Tensor:
     return grad.full_tensor() if isinstance(grad, DTensor) else grad
 
 
-def main() -> None:
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.use_deterministic_algorithms(True)
-    meshes = ParallelDims.resolve(world, ep=world).build_meshes("cpu")
+def check_layout(use_grouped_mm: bool, meshes) -> None:
+    """Two steps of the EP model against the one-process one (module docstring)."""
+    kind = "grouped_mm" if use_grouped_mm else "loop"
     torch.manual_seed(0)
-    ref = ToyMoE()
-    model = ToyMoE()
+    ref = ToyMoE(use_grouped_mm)
+    model = ToyMoE(use_grouped_mm)
     model.load_state_dict(ref.state_dict())
     apply_expert_parallel([model.experts], meshes.expert["ep"])
     apply_expert_fsdp([model.experts], expert_fsdp_mesh(meshes.expert), param_dtype=torch.float32,
                       reduce_dtype=torch.float32, reshard=True)
     apply_fsdp(model, meshes.fsdp, [[model.proj]], param_dtype=torch.float32,
                reduce_dtype=torch.float32, reshard=True)
+    rank, world = dist.get_rank(), dist.get_world_size()
     for step in range(2):
         batches = rank_batches(step, world)
         targets = [torch.randn(len(b[0]), DIM, generator=torch.Generator().manual_seed(step))
                    for b in batches]
-        ref.zero_grad()
-        model.zero_grad()
         expected = reference_step(ref, batches, targets)
         y = model(*batches[rank])
-        check(f"step {step} output", close(y.detach(), expected[rank]))
+        check(f"{kind} step {step} output", close(y.detach(), expected[rank]))
         (y * targets[rank]).sum().backward()
         for name, param in model.named_parameters():
-            got = full(param.grad)
             want = dict(ref.named_parameters())[name].grad
-            check(f"step {step} grad {name}", close(got, want))
+            check(f"{kind} step {step} grad {name}", close(full(param.grad), want))
         norm = clip_grad_norm_(model.parameters(), max_norm=0.5)
         want = clip_grad_norm_(ref.parameters(), max_norm=0.5)
-        check(f"step {step} grad norm over two meshes", torch.allclose(norm, want, rtol=1e-6))
-        check(f"step {step} clipped grads", all(
+        check(f"{kind} step {step} grad norm over two meshes",
+              torch.allclose(norm, want, rtol=1e-6))
+        check(f"{kind} step {step} clipped grads", all(
             close(full(p.grad), q.grad)
             for p, q in zip(model.parameters(), ref.parameters(), strict=True)))
-    dist.destroy_process_group()
+        ref.zero_grad()
+        model.zero_grad()
 
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    torch.use_deterministic_algorithms(True)
+    meshes = ParallelDims.resolve(dist.get_world_size(), ep=2).build_meshes("cpu")
+    for use_grouped_mm in (False, True):
+        check_layout(use_grouped_mm, meshes)
+    dist.destroy_process_group()
 
 if __name__ == "__main__":
     main()

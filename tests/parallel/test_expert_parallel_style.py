@@ -1,4 +1,5 @@
-"""ExpertParallel alone, on a toy experts module: 2 processes, EP = 2, one launch.
+"""ExpertParallel alone, on GroupedExperts (loop and grouped GEMM) behind a dense layer:
+2 processes, EP = 2, one launch.
 
 The worker (ep_style_worker.py) checks, for two steps, each rank's outputs and every gradient
 (experts sharded over ep, a dense layer FSDP-sharded beside them) against the one-process
@@ -22,4 +23,4 @@ def test_expert_parallel_matches_one_process():
     proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     checks = [line for line in proc.stdout.splitlines() if line.startswith("CHECK")]
-    assert len(checks) == 16 and all(line.endswith(" ok") for line in checks), checks
+    assert len(checks) == 32 and all(line.endswith(" ok") for line in checks), checks
