@@ -88,10 +88,11 @@ def check_layout(use_grouped_mm: bool, meshes) -> None:
     model = ToyMoE(use_grouped_mm)
     model.load_state_dict(ref.state_dict())
     apply_expert_parallel([model.experts], meshes.expert["ep"])
-    apply_expert_fsdp([model.experts], expert_fsdp_mesh(meshes.expert), param_dtype=torch.float32,
-                      reduce_dtype=torch.float32, reshard=True)
+    ignored = apply_expert_fsdp([model.experts], expert_fsdp_mesh(meshes.expert),
+                                param_dtype=torch.float32, reduce_dtype=torch.float32,
+                                reshard=True)
     apply_fsdp(model, meshes.fsdp, [[model.proj]], param_dtype=torch.float32,
-               reduce_dtype=torch.float32, reshard=True)
+               reduce_dtype=torch.float32, reshard=True, ignored_params=ignored)
     rank, world = dist.get_rank(), dist.get_world_size()
     for step in range(2):
         batches = rank_batches(step, world)

@@ -105,10 +105,23 @@ def apply_expert_parallel(experts: Iterable[nn.Module], ep_mesh: DeviceMesh) -> 
 
 
 def apply_expert_fsdp(experts: Iterable[nn.Module], mesh: DeviceMesh, *,
-                      param_dtype: torch.dtype, reduce_dtype: torch.dtype, reshard: bool) -> None:
+                      param_dtype: torch.dtype, reduce_dtype: torch.dtype,
+                      reshard: bool) -> set[nn.Parameter]:
     """One FSDP unit per experts module over the expert-FSDP mesh (efsdp, or (dp_replicate,
-    efsdp) for HSDP); call before the dense ``apply_fsdp`` so these weights stay out of the
-    dense units. The dense wrapping then sets sum reduction on every unit, these included."""
+    efsdp) for HSDP); call before the dense ``apply_fsdp``, which sets sum reduction on every
+    unit, these included.
+
+    Returns the expert parameters the dense FSDP must leave alone (its ``ignored_params``):
+    all of them when that mesh is a single rank. Then no other rank holds these experts, so
+    their gradients need no reduction and sharding them would save nothing; leaving them out
+    of FSDP also keeps FSDP's hooks out of activation-checkpointed blocks, where op-level SAC
+    fails on a nested unit (its recompute issues FSDP ops its forward did not).
+    """
+    experts = list(experts)
+    params = {p for module in experts for p in module.parameters()}
+    if mesh.size() == 1:
+        return params
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for module in experts:
         fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+    return set()
