@@ -19,7 +19,6 @@ import torch
 import torch.distributed as dist
 
 from torchtitan_like.components.checkpoint import CheckpointError, CheckpointManager
-from torchtitan_like.components.compile import maybe_compile_loss, set_inductor_cache
 from torchtitan_like.components.converters import build_converters
 from torchtitan_like.components.data.dataloader import build_dataloader
 from torchtitan_like.components.data.tokenizer import build_tokenizer
@@ -27,6 +26,7 @@ from torchtitan_like.components.fault_injection import FaultInjector
 from torchtitan_like.components.loss import count_labelled_tokens, cross_entropy_sum
 from torchtitan_like.components.lr_scheduler import LRSchedulersContainer
 from torchtitan_like.components.metrics import MetricsLogger, peak_tflops
+from torchtitan_like.components.model_hooks import StepHooks, attach_step_hooks
 from torchtitan_like.components.optimizer import OptimizersContainer
 from torchtitan_like.components.profiling import Profiler
 from torchtitan_like.config.job_config import JobConfig
@@ -34,6 +34,7 @@ from torchtitan_like.config.manager import ConfigError, parse_args
 from torchtitan_like.config.validate import grad_accumulation_steps, parallel_dims_of
 from torchtitan_like.distributed import context_parallel, pipeline
 from torchtitan_like.distributed import utils as dist_utils
+from torchtitan_like.distributed.compile import maybe_compile_loss, set_inductor_cache
 from torchtitan_like.logging import init_logger, logger
 from torchtitan_like.models.registry import model_spec_and_args
 
@@ -77,6 +78,9 @@ class Trainer:
         self.model_parts = [
             spec.parallelize_fn(part, self.parallel_dims, self.meshes, config) for part in parts
         ]
+        self.step_hooks = StepHooks()  # loss terms and metrics of the model's own modules
+        for part in self.model_parts:
+            attach_step_hooks(part, self.step_hooks)
 
         # 7. Materialise and initialise identically under every layout.
         for part in self.model_parts:
@@ -88,7 +92,8 @@ class Trainer:
             part.train()
         self.loss_fn = maybe_compile_loss(cross_entropy_sum, config.compile)
         self.pipeline = None if stage_ids is None else pipeline.Pipeline(
-            self.model_parts, stage_ids, config, self.meshes.pp, device, self.loss_fn
+            self.model_parts, stage_ids, config, self.meshes.pp, device, self.loss_fn,
+            forward_context=self.step_hooks.recording,
         )
 
         # 8. Optimizer and LR schedule.
@@ -97,6 +102,9 @@ class Trainer:
             self.optimizers, config.lr_scheduler, training.steps
         )
         self.converters.register_optimizer_hooks(self.optimizers, self.model_parts)
+        if spec.register_optimizer_hooks is not None:
+            spec.register_optimizer_hooks(self.model_parts, self.optimizers,
+                                          self.parallel_dims, self.meshes)
         self.step = 0
         self.tokens_seen = 0
 
@@ -159,7 +167,7 @@ class Trainer:
                 return self.pipeline.forward_backward(inputs, labels, global_tokens)
         (model,) = self.model_parts
         with self.train_context(inputs, labels):  # under CP: shards inputs and labels in place
-            with self.autocast:
+            with self.autocast, self.step_hooks.recording():
                 loss = self.loss_fn(model(inputs), labels) / global_tokens
             loss.backward()
         return loss.detach()
@@ -168,10 +176,12 @@ class Trainer:
         self.optimizers.zero_grad()
         labelled = sum(count_labelled_tokens(labels) for _, labels in microbatches)
         global_tokens = dist_utils.all_reduce_sum(labelled.to(self.device), self.meshes.dp)
+        self.step_hooks.begin_step(global_tokens)
         loss = sum(
             self.forward_backward(inputs.to(self.device), labels.to(self.device), global_tokens)
             for inputs, labels in microbatches
         )
+        self.step_hooks.end_step()
         grad_norm = dist_utils.clip_grad_norm_(
             [p for part in self.model_parts for p in part.parameters()],
             self.config.training.max_norm,
@@ -237,7 +247,9 @@ class Trainer:
             last = self.step == training.steps
             if self.step == 1 or self.step % self.config.metrics.log_freq == 0 or last:
                 global_loss = self.global_sum(loss).item()
-                self.metrics.log(self.step, {"loss": global_loss, "grad_norm": grad_norm, "lr": lr})
+                model_values, console = self.step_hooks.reduce(self.meshes.dp_cp, self.meshes.pp)
+                self.metrics.log(self.step, {"loss": global_loss, "grad_norm": grad_norm, "lr": lr,
+                                             **model_values}, console=console)
             self.faults.after_step(self.step)
             self.checkpointer.save(self.step, last)
             if validation.enable and (self.step % validation.freq == 0 or last):

@@ -158,9 +158,9 @@ def test_wrappers_leave_the_checkpoint_names_alone():
     checkpoint holds stay those of the plain model (compiling happens lazily, not here)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    from torchtitan_like.components.activation_checkpoint import apply_ac
-    from torchtitan_like.components.compile import apply_compile
     from torchtitan_like.config.job_config import ActivationCheckpoint, Compile
+    from torchtitan_like.distributed.activation_checkpoint import apply_ac
+    from torchtitan_like.distributed.compile import apply_compile
     from torchtitan_like.models.llama3 import Transformer, llama3_flavors
 
     with torch.device("meta"):

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from torchtitan_like.components.activation_checkpoint import apply_ac
 from torchtitan_like.components.memory import korthikanti_activation_bytes, measure_step_memory
 from torchtitan_like.config.job_config import ActivationCheckpoint
+from torchtitan_like.distributed.activation_checkpoint import apply_ac
 from torchtitan_like.models.llama3 import Llama3Args, Transformer
 
 ARGS = Llama3Args(dim=64, n_layers=2, n_heads=4, vocab_size=128, multiple_of=32, max_seq_len=32)

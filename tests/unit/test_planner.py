@@ -14,9 +14,9 @@ import pytest
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from torchtitan_like.components.activation_checkpoint import apply_ac
 from torchtitan_like.config.job_config import ActivationCheckpoint
 from torchtitan_like.config.manager import build_job_config
+from torchtitan_like.distributed.activation_checkpoint import apply_ac
 from torchtitan_like.models.llama3.args import llama3_flavors
 from torchtitan_like.models.llama3.model import Transformer
 from torchtitan_like.tools import plan_cli

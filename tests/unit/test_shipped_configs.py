@@ -13,6 +13,7 @@ from torchtitan_like.config.manager import parse_args
 CONFIGS = Path(__file__).resolve().parents[2] / "train_configs"
 WORLD_SIZES = {
     "debug_model.toml": 1,
+    "deepseek_v3_debug.toml": 1,
     "llama3_8b.toml": 8,
     "llama3_70b.toml": 64,
     "llama3_405b.toml": 16384,

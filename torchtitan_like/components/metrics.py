@@ -134,8 +134,10 @@ class MetricsLogger:
         self.tokens += tokens
         self.data_seconds += data_seconds
 
-    def log(self, step: int, values: dict[str, float]) -> dict[str, Any]:
-        """Write a training record: ``values`` (loss, grad_norm, lr, ...) plus throughput."""
+    def log(self, step: int, values: dict[str, Any], console: list[str] = ()) -> dict[str, Any]:
+        """Write a training record: ``values`` (loss, grad_norm, lr, the model's own metrics
+        from components/model_hooks.py, ...) plus throughput; the ``console`` names among
+        ``values`` are shown on the console line too."""
         seconds = time.perf_counter() - self.window_start
         tps = self.tokens / seconds / self.replica_devices
         tflops = self.flops_per_token * tps / 1e12
@@ -154,6 +156,7 @@ class MetricsLogger:
             f"step {step:5d}  loss {values['loss']:8.4f}  grad_norm {values['grad_norm']:7.4f}  "
             f"lr {values['lr']:.2e}  tps {tps:,.0f}  tflops {tflops:.3f}  mfu {mfu}  "
             f"memory {record['memory_gib']:.2f}GiB  data {record['data_loading_percent']:.1f}%"
+            + "".join(f"  {name} {values[name]:.4g}" for name in console)
         )
         self._write(step, record)
         self.reset()
@@ -172,7 +175,7 @@ class MetricsLogger:
             self.jsonl.flush()
         if self.tensorboard is not None:
             for key, value in record.items():
-                if key != "step" and value is not None:
+                if key != "step" and isinstance(value, (int, float)):
                     self.tensorboard.add_scalar(key, value, step)
 
     def close(self) -> None:

@@ -74,12 +74,12 @@ def _validate_numbers(config: JobConfig) -> None:
 
 def validate(config: JobConfig, world_size: int) -> None:
     from torchtitan_like.components import float8, profiling
-    from torchtitan_like.components.activation_checkpoint import every_nth_layer
     from torchtitan_like.components.checkpoint import validate_checkpoint
     from torchtitan_like.components.data.sources import check_dataset_path
     from torchtitan_like.components.data.tokenizer import build_tokenizer
     from torchtitan_like.components.fault_injection import validate_faults
     from torchtitan_like.distributed import context_parallel, tensor_parallel
+    from torchtitan_like.distributed.activation_checkpoint import every_nth_layer
     from torchtitan_like.distributed.expert_layout import validate_expert_layout
     from torchtitan_like.distributed.pipeline import validate_pipeline
     from torchtitan_like.distributed.utils import device_type

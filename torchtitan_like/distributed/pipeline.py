@@ -49,6 +49,7 @@ microbatch losses are already the step's loss share and gradients are not rescal
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import typing
@@ -284,13 +285,24 @@ def prune_to_stage(model: nn.Module, fqns: list[str]) -> nn.Module:
 
 
 class _Stage(PipelineStage):
-    """A PipelineStage that also runs forward-only (validation) under V-shaped schedules.
+    """A PipelineStage that also runs forward-only (validation) under V-shaped schedules, and
+    runs each microbatch's forward inside ``forward_context``.
 
     torch 2.13's runtime schedules walk their backward actions in ``eval()`` too (the stage
     skips the computation); with two adjacent stages on one rank (V placement) the schedule then
     hands the never-computed input gradient from one to the other and fails. Without backward
     there is nothing to hand over.
+
+    ``forward_context`` marks the forwards of real microbatches: the stage's first step also
+    runs a metadata-inference forward on uninitialised tensors, which the model's metric hooks
+    (components/model_hooks.py) must not record.
     """
+
+    forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+
+    def forward_one_chunk(self, *args, **kwargs):
+        with self.forward_context():
+            return super().forward_one_chunk(*args, **kwargs)
 
     def get_local_bwd_output(self, mb_index: int):
         return super().get_local_bwd_output(mb_index) if self.has_backward else ()
@@ -316,12 +328,15 @@ class Pipeline:
         pp_mesh: DeviceMesh,
         device: torch.device,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     ):
         n = num_stages(config.parallelism)
         self.stages = stages = [
             _Stage(part, stage, n, device, group=pp_mesh.get_group())
             for part, stage in zip(model_parts, stage_ids, strict=True)
         ]
+        for stage in stages:
+            stage.forward_context = forward_context
         name = config.parallelism.pipeline_parallel_schedule
         schedule_cls = get_schedule_class(name)
         self.schedule = schedule_cls(

@@ -18,6 +18,7 @@ from torch import nn
 from torchtitan_like.config.manager import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
+    from torchtitan_like.components.optimizer import OptimizersContainer
     from torchtitan_like.config.job_config import JobConfig
     from torchtitan_like.distributed.parallel_dims import Meshes, ParallelDims
 
@@ -63,6 +64,10 @@ class HFAdapter(Protocol):
 
 
 ParallelizeFn = Callable[["nn.Module", "ParallelDims", "Meshes", "JobConfig"], "nn.Module"]
+OptimizerHooksFn = Callable[
+    [list["nn.Module"], "OptimizersContainer", "ParallelDims", "Meshes"], None]
+"""(model parts, their optimizers, dims, meshes) -> registers per-step state updates as
+optimizer step post-hooks (e.g. MoE bias balancing, models/moe/balancing.py)."""
 PipeliningFn = Callable[["nn.Module", list[int], "JobConfig"], list["nn.Module"]]
 """(model on meta, this rank's stage indices, job) -> one module per stage, each the model with
 the other stages' modules removed and parameter names unchanged (distributed/pipeline.py)."""
@@ -87,6 +92,10 @@ class ModelSpec:
 
     hf_adapter: Callable[[Any], HFAdapter] | None = None
     """Builds the HuggingFace converter for a flavor's args; None = no HF interop."""
+
+    register_optimizer_hooks: OptimizerHooksFn | None = None
+    """Called once the optimizers exist, to hook model state updated after each optimizer
+    step; None = nothing to hook."""
 
     context_parallel_buffers: Callable[[nn.Module], list[tuple[torch.Tensor, int]]] | None = None
     """A model part's buffers laid out along the sequence, as (buffer, its sequence dim), that

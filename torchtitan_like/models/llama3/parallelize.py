@@ -21,10 +21,10 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from torchtitan_like.components.activation_checkpoint import apply_ac
-from torchtitan_like.components.compile import apply_compile
 from torchtitan_like.components.float8 import tp_styles
 from torchtitan_like.config.job_config import JobConfig
+from torchtitan_like.distributed.activation_checkpoint import apply_ac
+from torchtitan_like.distributed.compile import apply_compile
 from torchtitan_like.distributed.fsdp import apply_fsdp, reshard_after_forward
 from torchtitan_like.distributed.parallel_dims import Meshes, ParallelDims
 from torchtitan_like.distributed.tensor_parallel import materialise_output, maybe_enable_async_tp

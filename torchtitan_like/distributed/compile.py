@@ -5,6 +5,13 @@ share one graph and its cache entry) and leaves the FSDP/PP boundaries between b
 code, where their hooks run. ``Module.compile`` compiles a block in place, so parameter names
 do not change. ``fullgraph=True`` turns any graph break into an error instead of a silent
 slowdown.
+
+Side effects under activation checkpointing: a block's Python side effects (the loss and
+metric hooks of components/model_hooks.py record values) run once per forward. Eager
+checkpointing would replay them while recomputing in backward, which is why the hooks ignore
+recomputation; dynamo refuses them inside a checkpointed region unless told not to replay them,
+which is exactly the hooks' semantics, so apply_compile sets
+``torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint``.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ def apply_compile(blocks: nn.ModuleDict, config: Compile) -> None:
     """Compile each block in place (after activation checkpointing wrapped it, before FSDP)."""
     if not (config.enable and "model" in config.components):
         return
+    torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
     for block in blocks.values():
         block.compile(fullgraph=True)
 
