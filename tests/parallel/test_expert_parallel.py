@@ -8,12 +8,16 @@ of FSDP's reduce-scatter and of matmul blocking over more or fewer rows, measure
 these losses (~8): 1e-5 as for the other dimensions. A misrouted token or a lost gradient moves
 the loss by > 1e-3.
 
+Checkpoints move between EP degrees: one process's step-1 checkpoint resumed under EP=2, and
+EP=2's under one process, continue with the reference's losses within the same 1e-5.
+
 The balancing bias is compared exactly: it moves by +-coeff from integer token counts summed
 over the data-parallel ranks, so it equals the one-process trajectory unless a routing
 decision flips, which the loss tolerance would catch first.
 """
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -30,15 +34,18 @@ def ep(degree: int, *more: str) -> list[str]:
 
 
 LOCAL1 = ["--training.local_batch_size", "1"]
+SAVE = ["--checkpoint.enable", "true", "--checkpoint.interval", "1"]
 TWO = {
-    "ep2": ep(2),  # dense FSDP over the same 2 ranks; experts: 4 per rank
+    "ep2": ep(2, *SAVE),  # dense FSDP over the same 2 ranks; experts: 4 per rank
     "ep2_ac_full": ep(2, "--activation_checkpoint.mode", "full"),
     "ep2_ac_op": ep(2, "--activation_checkpoint.mode", "selective"),
+    "ep2_from_one": ep(2, *SAVE),  # resumes the one-process step-1 checkpoint
 }
 FOUR = {
     "hsdp_2x2_ep2": ep(2, "--parallelism.data_parallel_replicate_degree", "2", *LOCAL1),
     "fsdp4_ep2": ep(2, *LOCAL1),  # experts FSDP-sharded over the 2 ranks that share them
 }
+RESUMED = ["ep2_from_one", "one_from_ep2"]
 
 
 def read_biases(folder: Path) -> list[list[list[float]]]:
@@ -46,25 +53,43 @@ def read_biases(folder: Path) -> list[list[list[float]]]:
     return [list(step.values()) for step in json.loads((folder / "expert_bias.json").read_text())]
 
 
+def copy_checkpoint(source: Path, case_folder: Path) -> None:
+    """Make ``case_folder``'s job find ``source``'s step-1 checkpoint and resume from it."""
+    shutil.copytree(source / "checkpoint" / "step-1", case_folder / "checkpoint" / "step-1")
+
+
 @pytest.fixture(scope="module")
 def runs(corpus, tmp_path_factory):
+    """One process saves step 1; EP=2 resumes it. EP=2 saves step 1; one process resumes it."""
     root = tmp_path_factory.mktemp("ep")
-    one = launch(1, {"reference": [*MOE, "--training.local_batch_size", "4"]}, root / "one",
-                 corpus, worker=WORKER)
+    reference = [*MOE, "--training.local_batch_size", "4", *SAVE]
+    one = launch(1, {"reference": reference}, root / "one", corpus, worker=WORKER)
+    copy_checkpoint(root / "one" / "reference", root / "two" / "ep2_from_one")
     two = launch(2, TWO, root / "two", corpus, worker=WORKER)
     four = launch(4, FOUR, root / "four", corpus, worker=WORKER)
+    copy_checkpoint(root / "two" / "ep2", root / "one" / "one_from_ep2")
+    back = launch(1, {"one_from_ep2": [*MOE, *SAVE]}, root / "one", corpus, worker=WORKER)
     biases = {name: read_biases(root / folder / name)
               for folder, cases in (("one", ["reference"]), ("two", TWO), ("four", FOUR))
-              for name in cases}
-    return {**one, **two, **four}, biases
+              for name in cases if name not in RESUMED}
+    return {**one, **two, **four, **back}, biases
 
 
-@pytest.mark.parametrize("case", [*TWO, *FOUR])
+@pytest.mark.parametrize("case", [c for c in [*TWO, *FOUR] if c not in RESUMED])
 def test_matches_one_process(runs, case):
     records, biases = runs
     assert len(losses(records[case])) == STEPS
     assert_close(losses(records[case]), losses(records["reference"]), TOL)
     assert biases[case] == biases["reference"]
+
+
+@pytest.mark.parametrize("case", RESUMED)
+def test_resumes_across_ep_degrees(runs, case):
+    """Steps 2-3 after a step-1 checkpoint saved under the other EP degree (DCP reshards the
+    expert weights and their Adam states from [E/2, ...] blocks to [E, ...] and back)."""
+    records, _ = runs
+    assert [r["step"] for r in records[case] if "loss" in r] == [2, 3]
+    assert_close(losses(records[case]), losses(records["reference"])[1:], TOL)
 
 
 def test_bias_balancing_moves(runs):
