@@ -22,14 +22,21 @@ TOL = 1e-5
 MODEL = ["--model.name", "deepseek_v3", "--model.flavor", "debugmodel",
          "--checkpoint.enable", "true", "--checkpoint.interval", "1"]
 
+AUX = ["--model.name", "deepseek_v3", "--model.flavor", "debugmodel_aux"]
+LOAD_METRICS = ["moe_imbalance/worst", "moe_imbalance/layer1", "moe_imbalance/layer2",
+                "moe_imbalance/layer3"]
+
 
 @pytest.fixture(scope="module")
 def runs(corpus, tmp_path_factory):
     root = tmp_path_factory.mktemp("moe")
-    one = launch(1, {"reference": [*MODEL, "--training.local_batch_size", "4"]},
-                 root / "one", corpus)
+    one = launch(1, {
+        "reference": [*MODEL, "--training.local_batch_size", "4"],
+        "reference_aux": [*AUX, "--training.local_batch_size", "4"],
+    }, root / "one", corpus)
     two = launch(2, {
         "fsdp": MODEL,
+        "fsdp_aux": AUX,
         "fsdp_ac_accumulation": [*MODEL, "--training.local_batch_size", "1",
                                  "--activation_checkpoint.mode", "full"],
     }, root / "two", corpus)
@@ -58,11 +65,29 @@ def _flatten(tree: dict, prefix: str = ""):
             yield f"{prefix}{key}", value
 
 
-@pytest.mark.parametrize("case", ["fsdp", "fsdp_ac_accumulation"])
-def test_matches_one_process(runs, case):
+@pytest.mark.parametrize(("case", "reference"), [
+    ("fsdp", "reference"), ("fsdp_ac_accumulation", "reference"), ("fsdp_aux", "reference_aux"),
+])
+def test_matches_one_process(runs, case, reference):
     _, records = runs
     assert len(losses(records[case])) == 5
-    assert_close(losses(records[case]), losses(records["reference"]), TOL)
+    assert_close(losses(records[case]), losses(records[reference]), TOL)
+    # The load is counted over the global batch: the same token counts in every layout.
+    for name in LOAD_METRICS:
+        ours = [r[name] for r in records[case]]
+        assert ours == [r[name] for r in records[reference]], name
+        assert all(1.0 <= v <= 8.0 for v in ours)  # max/mean of 8 experts
+
+
+def test_aux_loss_is_logged_and_matches_one_process(runs):
+    """The auxiliary loss enters the loss (the trajectories part) and is logged, as a mean
+    over sequences, the same in both layouts."""
+    _, records = runs
+    aux = [r["aux_loss/moe_aux"] for r in records["fsdp_aux"]]
+    assert_close(aux, [r["aux_loss/moe_aux"] for r in records["reference_aux"]], TOL)
+    # 3 layers x alpha x (about 1 when balanced, at most num_experts / top_k = 4 per layer)
+    assert all(0.03 * 0.9 <= v <= 0.03 * 4 for v in aux), aux
+    assert "aux_loss/moe_aux" not in records["fsdp"][0]
 
 
 @pytest.mark.parametrize("case", ["fsdp", "fsdp_ac_accumulation"])

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from torchtitan_like.components.model_hooks import StepHooks, attach_step_hooks
 from torchtitan_like.models.moe import (
     GroupedExperts,
     MoE,
@@ -156,3 +157,38 @@ def test_bad_moe_args_refused():
         MoEArgs(num_experts=8, top_k=4, num_expert_groups=4, num_limited_groups=1)
     with pytest.raises(ValueError, match="multiples of 8"):
         GroupedExperts(dim=16, hidden_dim=6, num_experts=2)
+
+
+def test_aux_loss_reaches_the_gradient_through_step_hooks():
+    """With hooks attached, the MoE's gradient is that of (output + aux_sum) / T."""
+    moe = _moe(aux_loss_coeff=0.1, load_balance_coeff=None)
+    x, tokens = torch.randn(2, 4, 8), torch.tensor(8.0)
+    _, selected, scores = moe.router(x.view(-1, 8))
+    aux = sequence_balance_loss(scores, selected, 2, moe.args)
+    ((moe(x).sum() + aux) / tokens).backward()
+    expected = moe.router.gate.weight.grad.clone()
+    moe.zero_grad()
+    hooks = StepHooks()
+    attach_step_hooks(moe, hooks)
+    hooks.begin_step(tokens)
+    with hooks.recording():
+        out = moe(x)
+    (out.sum() / tokens).backward()
+    hooks.end_step()
+    torch.testing.assert_close(moe.router.gate.weight.grad, expected)
+    assert not torch.equal(expected, _gate_grad_without_aux(x, tokens))
+
+
+def _gate_grad_without_aux(x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    moe = _moe(aux_loss_coeff=0.1, load_balance_coeff=None)
+    (moe(x).sum() / tokens).backward()
+    return moe.router.gate.weight.grad
+
+
+def test_no_tokens_counted_outside_training_forwards():
+    moe = _moe()
+    with torch.no_grad():
+        moe(torch.randn(1, 3, 8))
+    moe.eval()
+    moe(torch.randn(1, 3, 8))
+    assert moe.tokens_per_expert.sum() == 0

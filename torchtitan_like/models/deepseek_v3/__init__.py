@@ -3,6 +3,7 @@ from torchtitan_like.models.deepseek_v3.args import (
     YarnScaling,
     deepseek_v3_flavors,
 )
+from torchtitan_like.models.deepseek_v3.hf_adapter import DeepSeekV3HFAdapter
 from torchtitan_like.models.deepseek_v3.model import DeepSeekV3Model
 from torchtitan_like.models.deepseek_v3.parallelize import (
     parallelize_deepseek_v3,
@@ -16,9 +17,10 @@ register_model(
         model_cls=DeepSeekV3Model,
         flavors=deepseek_v3_flavors,
         parallelize_fn=parallelize_deepseek_v3,
+        hf_adapter=DeepSeekV3HFAdapter,
         register_optimizer_hooks=register_optimizer_hooks,
     )
 )
 
-__all__ = ["DeepSeekV3Args", "DeepSeekV3Model", "YarnScaling", "deepseek_v3_flavors",
-           "parallelize_deepseek_v3"]
+__all__ = ["DeepSeekV3Args", "DeepSeekV3HFAdapter", "DeepSeekV3Model", "YarnScaling",
+           "deepseek_v3_flavors", "parallelize_deepseek_v3", "register_optimizer_hooks"]

@@ -128,19 +128,24 @@ class DeepSeekV3Args(BaseModelArgs):
         return 6 * self.num_active_params() + attention
 
 
+_DEBUG = DeepSeekV3Args(
+    dim=128, n_layers=4, n_dense_layers=1, n_heads=4, vocab_size=2048, inter_dim=256,
+    moe_inter_dim=64,
+    moe=MoEArgs(num_experts=8, top_k=2, score_func="sigmoid", route_norm=True, route_scale=1.0,
+                num_expert_groups=4, num_limited_groups=2, num_shared_experts=1,
+                load_balance_coeff=1e-3),
+    q_lora_rank=0, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+    rope_scaling=None,
+)
 _V2_YARN = YarnScaling(factor=40.0, mscale=0.707, mscale_all_dim=0.707)
 
 deepseek_v3_flavors: dict[str, DeepSeekV3Args] = {
     # Tests and quick CPU runs: 1 dense + 3 MoE blocks, 8 experts top-2 in 4 groups (2 used).
-    "debugmodel": DeepSeekV3Args(
-        dim=128, n_layers=4, n_dense_layers=1, n_heads=4, vocab_size=2048, inter_dim=256,
-        moe_inter_dim=64,
-        moe=MoEArgs(num_experts=8, top_k=2, score_func="sigmoid", route_norm=True,
-                    route_scale=1.0, num_expert_groups=4, num_limited_groups=2,
-                    num_shared_experts=1, load_balance_coeff=1e-3),
-        q_lora_rank=0, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16,
-        v_head_dim=32, rope_scaling=None,
-    ),
+    "debugmodel": _DEBUG,
+    # The same with the sequence-wise auxiliary loss instead of the bias (alpha 100x V3's
+    # 1e-4, so that it shows in a few CPU steps).
+    "debugmodel_aux": dataclasses.replace(_DEBUG, moe=dataclasses.replace(
+        _DEBUG.moe, load_balance_coeff=None, aux_loss_coeff=1e-2)),
     # DeepSeek-V2-Lite (15.7B total, 2.4B active).
     "16B": DeepSeekV3Args(
         dim=2048, n_layers=27, n_dense_layers=1, n_heads=16, vocab_size=102400,

@@ -131,7 +131,7 @@ class DeepSeekV3Block(nn.Module):
         self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
         self.moe_enabled = layer_id >= args.n_dense_layers
         if self.moe_enabled:
-            self.moe = MoE(args.dim, args.moe_inter_dim, args.moe, layer_name=f"layer{layer_id}")
+            self.moe = MoE(args.dim, args.moe_inter_dim, args.moe, layer_id, args.n_layers)
         else:
             self.feed_forward = FeedForward(args.dim, args.inter_dim)
         depth = layer_id + 1 if args.depth_init else args.n_layers

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from torchtitan_like.components.model_hooks import recomputing
 from torchtitan_like.models.llama3.model import FeedForward
 from torchtitan_like.models.moe.args import MoEArgs
 from torchtitan_like.models.moe.experts import GroupedExperts
@@ -18,12 +19,13 @@ from torchtitan_like.models.moe.router import TokenChoiceTopKRouter
 
 
 class MoE(nn.Module):
-    def __init__(self, dim: int, hidden_dim: int, args: MoEArgs, layer_name: str = "moe"):
-        """``hidden_dim`` is one expert's SwiGLU width; ``layer_name`` names this layer's
-        metrics (e.g. ``layer3``)."""
+    def __init__(self, dim: int, hidden_dim: int, args: MoEArgs, layer_id: int = 0,
+                 num_layers: int = 1):
+        """``hidden_dim`` is one expert's SwiGLU width; ``layer_id`` of ``num_layers`` names
+        this layer in the load metrics."""
         super().__init__()
         self.args = args
-        self.layer_name = layer_name
+        self.layer_id, self.num_layers = layer_id, num_layers
         self.router = TokenChoiceTopKRouter(dim, args)
         self.experts = GroupedExperts(dim, hidden_dim, args.num_experts, args.use_grouped_mm)
         self.shared_experts = (FeedForward(dim, hidden_dim * args.num_shared_experts)
@@ -46,8 +48,7 @@ class MoE(nn.Module):
         counts.scatter_add_(0, selected.flatten(), torch.ones_like(selected.flatten()))
         self._count_tokens(counts)
         if self.step_hooks is not None:
-            self.step_hooks.record_metric(f"moe_imbalance/{self.layer_name}", counts.float(),
-                                          reduce="sum", derive=load_imbalance, console=False)
+            self._record_load(counts)
             if self.args.aux_loss_coeff > 0:
                 aux = sequence_balance_loss(scores, selected, bs, self.args)
                 x = self.step_hooks.add_loss("moe_aux", x, aux)
@@ -64,10 +65,22 @@ class MoE(nn.Module):
 
     @torch.compiler.disable
     def _count_tokens(self, counts: torch.Tensor) -> None:
-        """Accumulate the load for the bias update, except while activation checkpointing
-        recomputes this forward inside backward (that would count every token twice)."""
-        if torch._C._current_graph_task_id() == -1:
+        """Accumulate the load for the bias update in training forwards only: not while
+        activation checkpointing recomputes this forward inside backward (that would count
+        every token twice), nor in evaluation or other no-grad forwards (validation)."""
+        if self.training and torch.is_grad_enabled() and not recomputing():
             self.tokens_per_expert.add_(counts.to(self.tokens_per_expert.dtype))
+
+    def _record_load(self, counts: torch.Tensor) -> None:
+        """Per step, this layer's max/mean tokens per expert over the global batch (metrics
+        file and TensorBoard), and on the console the worst MoE layer's: every layer adds its
+        counts as its own row of one (num_layers, num_experts) table."""
+        counts = counts.float()
+        self.step_hooks.record_metric(f"moe_imbalance/layer{self.layer_id}", counts,
+                                      derive=load_imbalance, console=False)
+        table = torch.zeros(self.num_layers, counts.numel(), device=counts.device)
+        table[self.layer_id] = counts
+        self.step_hooks.record_metric("moe_imbalance/worst", table, derive=worst_imbalance)
 
     def init_weights(self, init_std: float) -> None:
         self.router.init_weights(init_std)
@@ -82,6 +95,11 @@ class MoE(nn.Module):
 def load_imbalance(tokens_per_expert: torch.Tensor) -> float:
     """max / mean tokens per expert (1 = perfectly balanced, num_experts = all on one)."""
     return (tokens_per_expert.max() / tokens_per_expert.mean().clamp(min=1e-12)).item()
+
+
+def worst_imbalance(tokens_per_expert_per_layer: torch.Tensor) -> float:
+    """The highest ``load_imbalance`` among the rows (layers) that received tokens."""
+    return max(load_imbalance(row) for row in tokens_per_expert_per_layer if row.sum() > 0)
 
 
 def sequence_balance_loss(scores: torch.Tensor, selected: torch.Tensor, batch_size: int,
