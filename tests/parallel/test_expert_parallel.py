@@ -40,6 +40,7 @@ TWO = {
     "ep2_ac_full": ep(2, "--activation_checkpoint.mode", "full"),
     "ep2_ac_op": ep(2, "--activation_checkpoint.mode", "selective"),
     "ep2_from_one": ep(2, *SAVE),  # resumes the one-process step-1 checkpoint
+    "ep2_aux": [*ep(2), "--model.flavor", "debugmodel_aux"],  # aux loss on, no bias
 }
 FOUR = {
     "hsdp_2x2_ep2": ep(2, "--parallelism.data_parallel_replicate_degree", "2", *LOCAL1),
@@ -63,24 +64,38 @@ def runs(corpus, tmp_path_factory):
     """One process saves step 1; EP=2 resumes it. EP=2 saves step 1; one process resumes it."""
     root = tmp_path_factory.mktemp("ep")
     reference = [*MOE, "--training.local_batch_size", "4", *SAVE]
-    one = launch(1, {"reference": reference}, root / "one", corpus, worker=WORKER)
+    one = launch(1, {"reference": reference,
+                     "reference_aux": [*reference, "--model.flavor", "debugmodel_aux"]},
+                 root / "one", corpus, worker=WORKER)
     copy_checkpoint(root / "one" / "reference", root / "two" / "ep2_from_one")
     two = launch(2, TWO, root / "two", corpus, worker=WORKER)
     four = launch(4, FOUR, root / "four", corpus, worker=WORKER)
     copy_checkpoint(root / "two" / "ep2", root / "one" / "one_from_ep2")
     back = launch(1, {"one_from_ep2": [*MOE, *SAVE]}, root / "one", corpus, worker=WORKER)
     biases = {name: read_biases(root / folder / name)
-              for folder, cases in (("one", ["reference"]), ("two", TWO), ("four", FOUR))
+              for folder, cases in (("one", ["reference", "reference_aux"]), ("two", TWO),
+                                    ("four", FOUR))
               for name in cases if name not in RESUMED}
     return {**one, **two, **four, **back}, biases
 
 
-@pytest.mark.parametrize("case", [c for c in [*TWO, *FOUR] if c not in RESUMED])
+@pytest.mark.parametrize("case", [c for c in [*TWO, *FOUR] if c not in [*RESUMED, "ep2_aux"]])
 def test_matches_one_process(runs, case):
     records, biases = runs
     assert len(losses(records[case])) == STEPS
     assert_close(losses(records[case]), losses(records["reference"]), TOL)
     assert biases[case] == biases["reference"]
+
+
+def test_auxiliary_loss_matches_one_process(runs):
+    """The sequence-wise balance loss: the training loss (cross-entropy, logged) and the
+    logged aux term both follow one process; without the aux term the run differs."""
+    records, _ = runs
+    ours, reference = records["ep2_aux"], records["reference_aux"]
+    assert_close(losses(ours), losses(reference), TOL)
+    aux = [[r["aux_loss/moe_aux"] for r in run if "loss" in r] for run in (ours, reference)]
+    assert_close(*aux, TOL)
+    assert abs(losses(reference)[-1] - losses(records["reference"])[-1]) > 1e-4
 
 
 @pytest.mark.parametrize("case", RESUMED)
