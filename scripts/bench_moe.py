@@ -11,8 +11,10 @@ one step on rank 0 by MemTracker category (components/memory.py: parameters, gra
 optimizer states, activations), and the share of the step's wall time spent in the EP
 all-to-alls, from the torch profiler on one more step: the CPU time of the ops named
 ``all_to_all`` / ``alltoall`` (token and count exchanges, forward and backward) and of the
-``wait_tensor`` calls that collect the functional all-to-alls' results (only EP uses functional
-collectives in this trainer), divided by the step's wall time, averaged over the two ranks.
+``wait_tensor`` calls that collect the functional all-to-alls' results (self time, so nested
+ops count once; other functional collectives of the step, few without EP, land there too),
+divided by the step's wall time, averaged over the two ranks. Waiting for the slower rank
+inside an exchange counts as all-to-all time.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def a2a_share(trainer, batches) -> float:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         trainer.train_step(batches)
     wall = time.perf_counter() - start
-    a2a_us = sum(e.cpu_time_total for e in prof.key_averages()
+    a2a_us = sum(e.self_cpu_time_total for e in prof.key_averages()  # self: no nesting
                  if any(n in e.key for n in A2A_NAMES))
     return a2a_us / 1e6 / wall
 
