@@ -33,12 +33,12 @@ MODES = ("none", "disabled", "async", "async_with_pinned_mem")
 def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
-    from torchtitan_like.config.manager import parse_args
     from torchtitan_like.distributed.utils import init_distributed
     from torchtitan_like.logging import init_logger
     from torchtitan_like.models.llama3 import llama3_flavors
     from torchtitan_like.models.registry import get_model_spec, register_model
     from torchtitan_like.train import Trainer
+    from torchtitan_like.validate import parse_args
 
     init_logger()
     llama3 = get_model_spec("llama3")

@@ -65,9 +65,9 @@ def worker(spec_file: str) -> None:
     import torch.distributed as dist
 
     from torchtitan_like.components.memory import measure_train_step
-    from torchtitan_like.config.manager import parse_args
     from torchtitan_like.distributed.utils import init_distributed
     from torchtitan_like.train import Trainer
+    from torchtitan_like.validate import parse_args
 
     spec = json.loads(Path(spec_file).read_text())
     torch.set_num_threads(1)

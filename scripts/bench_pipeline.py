@@ -43,7 +43,8 @@ def bubble(schedule: str, p: int, m: int) -> float:
 
 def cases(args: argparse.Namespace, folder: str) -> tuple[list, dict[str, list[str]]]:
     """(rows to run at PP=2, as (schedule, m, overrides)), and the one-process baselines."""
-    from torchtitan_like.config.manager import ConfigError, parse_args
+    from torchtitan_like.config.errors import ConfigError
+    from torchtitan_like.validate import parse_args
 
     base = ["--model.flavor", args.flavor, "--training.seq_len", str(args.seq_len),
             "--training.local_batch_size", str(args.local_batch), "--training.steps", "1000",
@@ -75,7 +76,7 @@ def launch(nproc: int, named: dict[str, list[str]], args: argparse.Namespace
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(spec, f)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "PYTHONPATH": str(ROOT), "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1"}
+           "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          f"--nproc_per_node={nproc}", __file__, "--worker", f.name],
@@ -92,9 +93,9 @@ def worker(spec_file: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from torchtitan_like.config.manager import parse_args
     from torchtitan_like.distributed.utils import init_distributed
     from torchtitan_like.train import Trainer
+    from torchtitan_like.validate import parse_args
 
     spec = json.loads(Path(spec_file).read_text())
     torch.set_num_threads(1)
@@ -136,7 +137,6 @@ def main() -> None:
     if args.worker:
         return worker(args.worker)
 
-    sys.path.insert(0, str(ROOT))
     with tempfile.TemporaryDirectory() as folder:
         rows, baseline = cases(args, folder)
         before = launch(1, baseline, args)

@@ -14,11 +14,8 @@ PP (its ranks' largest peak), else the largest peak over the ranks.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from torchtitan_like.config.manager import build_job_config
 from torchtitan_like.tools.memory import measure_cases

@@ -62,8 +62,8 @@ def job_args(overrides: list[str], dump_folder: Path, corpus: Path) -> list[str]
 
 def build_trainer(overrides: list[str], dump_folder: Path, corpus: Path, device):
     """A Trainer of one case inside the test process (needs a process group of one)."""
-    from torchtitan_like.config.manager import parse_args
     from torchtitan_like.train import Trainer
+    from torchtitan_like.validate import parse_args
 
     return Trainer(parse_args(job_args(overrides, dump_folder, corpus), 1), device)
 

@@ -1,7 +1,7 @@
 """The trainer: builds everything in the documented order, then runs the loop.
 
 Run it through ``./run_train.sh`` (torchrun), or ``python -m torchtitan_like.train`` for one
-process. Build order (DESIGN.md, "Data flow"): mesh -> data -> model on meta -> converters ->
+process. Build order (docs/design.md, "Data flow"): mesh -> data -> model on meta -> converters ->
 pipeline split -> parallelize plan -> materialise -> optimizer/scheduler -> checkpoint
 load -> metrics -> loop.
 """
@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torchtitan_like.components.checkpoint import CheckpointError, CheckpointManager
 from torchtitan_like.components.converters import build_converters
 from torchtitan_like.components.data.dataloader import build_dataloader
+from torchtitan_like.components.data.tokenized import report_mixture
 from torchtitan_like.components.data.tokenizer import build_tokenizer
 from torchtitan_like.components.fault_injection import FaultInjector
 from torchtitan_like.components.loss import count_labelled_tokens, cross_entropy_sum
@@ -29,14 +30,14 @@ from torchtitan_like.components.metrics import MetricsLogger, peak_tflops
 from torchtitan_like.components.model_hooks import StepHooks, attach_step_hooks
 from torchtitan_like.components.optimizer import OptimizersContainer
 from torchtitan_like.components.profiling import Profiler
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
-from torchtitan_like.config.manager import ConfigError, parse_args
-from torchtitan_like.config.validate import grad_accumulation_steps, parallel_dims_of
 from torchtitan_like.distributed import context_parallel, pipeline
 from torchtitan_like.distributed import utils as dist_utils
 from torchtitan_like.distributed.compile import maybe_compile_loss, set_inductor_cache
 from torchtitan_like.logging import init_logger, logger
 from torchtitan_like.models.registry import model_spec_and_args
+from torchtitan_like.validate import grad_accumulation_steps, parallel_dims_of, parse_args
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -61,7 +62,8 @@ class Trainer:
         self.tokenizer = build_tokenizer(config.model.tokenizer_path)
         self.dp_rank = self.meshes.dp.get_local_rank()
         self.dataloader = build_dataloader(
-            training, self.tokenizer, dp_rank=self.dp_rank, dp_degree=self.parallel_dims.dp
+            training, self.tokenizer, dp_rank=self.dp_rank, dp_degree=self.parallel_dims.dp,
+            seed=config.debug.seed,
         )
         self.grad_accumulation_steps = grad_accumulation_steps(config, self.parallel_dims.dp)
 
@@ -211,7 +213,8 @@ class Trainer:
         for part in self.model_parts:
             part.eval()
         batches = build_dataloader(self.config.training, self.tokenizer, dp_rank=self.dp_rank,
-                                   dp_degree=self.parallel_dims.dp, split="validation")
+                                   dp_degree=self.parallel_dims.dp, split="validation",
+                                   seed=self.config.debug.seed)
         loss_sum = torch.zeros((), device=self.device)
         tokens = torch.zeros((), device=self.device, dtype=torch.long)
         for inputs, labels in itertools.islice(batches, self.config.validation.steps):
@@ -249,7 +252,8 @@ class Trainer:
                 global_loss = self.global_sum(loss).item()
                 model_values, console = self.step_hooks.reduce(self.meshes.dp_cp, self.meshes.pp)
                 self.metrics.log(self.step, {"loss": global_loss, "grad_norm": grad_norm, "lr": lr,
-                                             **model_values}, console=console)
+                                             **report_mixture(self.dataloader), **model_values},
+                                 console=console)
             self.faults.after_step(self.step)
             self.checkpointer.save(self.step, last)
             if validation.enable and (self.step % validation.freq == 0 or last):

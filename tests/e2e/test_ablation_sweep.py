@@ -1,4 +1,4 @@
-"""A real sweep on CPU: three variants through run_train.sh, one of them impossible.
+"""A real sweep on CPU: three variants through torchrun, one of them impossible.
 
 The baseline (FSDP over 2 processes) and a one-process variant with full activation
 checkpointing train the same global batch from the same seed in fp32 with deterministic
@@ -7,6 +7,7 @@ asks for 3 data-parallel replicas of 2 processes and must be recorded as failed,
 trainer's config error as its error line, while the sweep still writes its table and chart.
 """
 
+import sys
 from pathlib import Path
 
 from harness import ROOT
@@ -61,4 +62,5 @@ overrides = ["--parallelism.data_parallel_replicate_degree=3"]
     assert "| FSDP 2 | 2 | ok |" in table and "**impossible** (failed (exit 1))" in table
     chart = out / "results.png"  # or a note in the table without the `plot` extra
     assert chart.is_file() or "No chart: matplotlib is not installed" in table
-    assert (out / "impossible" / "train.log").read_text().startswith("$ NPROC=2 ")
+    assert (out / "impossible" / "train.log").read_text().startswith(
+        f"$ {sys.executable} -m torch.distributed.run --standalone --nproc_per_node=2 ")

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from torchtitan_like.config.manager import parse_args
 from torchtitan_like.distributed.utils import init_distributed
 from torchtitan_like.logging import init_logger
 from torchtitan_like.models.moe import MoE
 from torchtitan_like.train import Trainer
+from torchtitan_like.validate import parse_args
 
 
 def record_biases(trainer: Trainer) -> list[dict[str, list[float]]]:

@@ -37,6 +37,9 @@ def runs(corpus, tmp_path_factory):
     two = launch(2, {
         "fsdp": MODEL,
         "fsdp_aux": AUX,
+        "pp2": [*MODEL, "--parallelism.pipeline_parallel_degree=2",
+                "--training.local_batch_size=4",
+                "--parallelism.pipeline_parallel_microbatch_size=1"],
         "fsdp_ac_accumulation": [*MODEL, "--training.local_batch_size", "1",
                                  "--activation_checkpoint.mode", "full"],
     }, root / "two", corpus)
@@ -67,6 +70,7 @@ def _flatten(tree: dict, prefix: str = ""):
 
 @pytest.mark.parametrize(("case", "reference"), [
     ("fsdp", "reference"), ("fsdp_ac_accumulation", "reference"), ("fsdp_aux", "reference_aux"),
+    ("pp2", "reference"),
 ])
 def test_matches_one_process(runs, case, reference):
     _, records = runs
@@ -90,7 +94,7 @@ def test_aux_loss_is_logged_and_matches_one_process(runs):
     assert "aux_loss/moe_aux" not in records["fsdp"][0]
 
 
-@pytest.mark.parametrize("case", ["fsdp", "fsdp_ac_accumulation"])
+@pytest.mark.parametrize("case", ["fsdp", "fsdp_ac_accumulation", "pp2"])
 def test_bias_trajectory_matches_one_process(runs, case):
     root, _ = runs
     moved = False

@@ -6,7 +6,7 @@ layer's backward), TP 2 (sequence and loss parallel), CP 2, and PP 2 with 1F1B a
 Interleaved1F1B (two stages per rank), where each rank holds its own stages and rank 0 more
 microbatches in flight, compared rank by rank. TP, CP and PP also accumulate gradients over
 two microbatches / schedule steps. The full table over more layouts is
-scripts/validate_plan_memory.py (README, "Planning a cluster run"); there every case is within
+scripts/validate_plan_memory.py (docs/planner.md); there every case is within
 3.1%, so 5% here catches a real change in what the trainer allocates (the figures are
 deterministic: tensor sizes, not timings).
 """

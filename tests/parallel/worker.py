@@ -6,10 +6,10 @@ import sys
 
 import torch.distributed as dist
 
-from torchtitan_like.config.manager import parse_args
 from torchtitan_like.distributed.utils import init_distributed
 from torchtitan_like.logging import init_logger
 from torchtitan_like.train import Trainer
+from torchtitan_like.validate import parse_args
 
 
 def main() -> None:

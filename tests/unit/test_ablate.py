@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from torchtitan_like.config.manager import parse_args
 from torchtitan_like.tools.ablate import (
     Result,
     Sweep,
@@ -20,6 +19,7 @@ from torchtitan_like.tools.ablate import (
     main,
     write_results,
 )
+from torchtitan_like.validate import parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "train_configs/ablations/one_dim_at_a_time.toml"
@@ -84,7 +84,8 @@ def test_cli_reports_sweep_errors_and_dry_runs(tmp_path, capsys):
                   "[[variants]]\nname = 'b'\nnproc = 1\noverrides = ['--training.steps=3']\n")
     assert main([str(path), "--dry_run", "--steps", "5", "--only", "b"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and out[0].startswith("NPROC=1 ")
+    assert len(out) == 1 and "-m torch.distributed.run --standalone --nproc_per_node=1 " in out[0]
+    assert " -m torchtitan_like.train --job.config_file " in out[0]
     assert "--training.steps=5" in out[0] and out[0].endswith("--training.steps=3")
 
 

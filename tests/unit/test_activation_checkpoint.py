@@ -4,10 +4,11 @@ import pytest
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import ActivationCheckpoint
-from torchtitan_like.config.manager import ConfigError, parse_args
 from torchtitan_like.distributed.activation_checkpoint import apply_ac, every_nth_layer
 from torchtitan_like.models.llama3 import Llama3Args, Transformer
+from torchtitan_like.validate import parse_args
 
 TINY = Llama3Args(dim=64, n_layers=4, n_heads=4, vocab_size=128, multiple_of=32, max_seq_len=16)
 

@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from torchtitan_like.config.manager import ConfigError, help_text, parse_args
+from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.config.manager import help_text
+from torchtitan_like.validate import parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
 ON = ["--checkpoint.enable", "true"]

@@ -3,13 +3,14 @@
 import pytest
 import torch
 
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import Parallelism
-from torchtitan_like.config.manager import ConfigError, field_docs, parse_args
-from torchtitan_like.config.validate import parallel_dims_of
+from torchtitan_like.config.manager import field_docs
 from torchtitan_like.distributed import context_parallel, cp_cpu_sdpa
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.models import registry
 from torchtitan_like.models.llama3 import Llama3Args, Transformer, llama3_flavors, parallelize_llama
+from torchtitan_like.validate import parallel_dims_of, parse_args
 
 TINY = ["--model.flavor", "tiny", "--training.seq_len", "64"]
 

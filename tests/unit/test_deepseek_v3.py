@@ -7,8 +7,10 @@ import math
 import pytest
 import torch
 
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.models.deepseek_v3 import DeepSeekV3Model, YarnScaling, deepseek_v3_flavors
 from torchtitan_like.models.deepseek_v3.model import rope_frequencies, yarn_mscale
+from torchtitan_like.validate import parse_args
 
 
 @pytest.mark.parametrize(("flavor", "total", "active", "published_total", "published_active"), [
@@ -76,3 +78,12 @@ def test_yarn_applies_only_beyond_the_original_context():
     args = deepseek_v3_flavors["671B"]
     assert not dataclasses.replace(args, max_seq_len=4096).yarn_active
     assert dataclasses.replace(args, max_seq_len=8192).yarn_active
+
+
+def test_unsupported_layouts_are_refused_at_start_up():
+    base = ["--model.name", "deepseek_v3", "--model.flavor", "debugmodel"]
+    with pytest.raises(ConfigError, match="compiling deepseek_v3 blocks is not supported"):
+        parse_args([*base, "--compile.enable"], 1)
+    with pytest.raises(ConfigError, match="does not support tensor parallelism"):
+        parse_args([*base, "--parallelism.tensor_parallel_degree", "2"], 2)
+    parse_args([*base, "--compile.enable", "--compile.components", "loss"], 1)

@@ -5,14 +5,16 @@ import pytest
 import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import Parallelism
-from torchtitan_like.config.manager import ConfigError, field_docs, parse_args
+from torchtitan_like.config.manager import field_docs
 from torchtitan_like.distributed.expert_layout import (
     efsdp_degree,
     expert_fsdp_mesh,
     validate_expert_layout,
 )
 from torchtitan_like.distributed.parallel_dims import ParallelDims
+from torchtitan_like.validate import parse_args
 
 TINY = ["--model.flavor", "tiny", "--training.seq_len", "64"]
 

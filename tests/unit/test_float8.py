@@ -12,10 +12,11 @@ from torchtitan_like.components.float8 import (
     select_linears,
     tp_styles,
 )
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import Float8
-from torchtitan_like.config.manager import ConfigError, parse_args
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.models.llama3 import Llama3Args, Transformer
+from torchtitan_like.validate import parse_args
 
 # wq/wo are 128x128; wk/wv 8x128 (one KV head of 8) and the SwiGLU's 344-wide hidden layer
 # are not multiples of 16; the 512x128 head would qualify by shape but is the head.

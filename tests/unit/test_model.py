@@ -111,8 +111,9 @@ def test_llama31_scaling_keeps_high_and_divides_low_frequencies():
 
 
 def test_invalid_shapes_are_refused():
-    from torchtitan_like.config.manager import ConfigError, parse_args
+    from torchtitan_like.config.errors import ConfigError
     from torchtitan_like.models.llama3 import args as args_module
+    from torchtitan_like.validate import parse_args
 
     args_module.llama3_flavors["odd"] = Llama3Args(dim=96, n_layers=1, n_heads=6, n_kv_heads=4)
     try:

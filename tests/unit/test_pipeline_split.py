@@ -5,9 +5,10 @@ import itertools
 import pytest
 import torch
 
-from torchtitan_like.config.manager import ConfigError, parse_args
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed import pipeline
 from torchtitan_like.models.llama3 import Transformer, llama3_flavors, pipeline_llama
+from torchtitan_like.validate import parse_args
 
 PP2 = ["--model.flavor=tiny", "--parallelism.pipeline_parallel_degree=2"]
 

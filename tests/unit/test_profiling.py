@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from torchtitan_like.components.profiling import Profiler, validate
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import Profiling
-from torchtitan_like.config.manager import ConfigError
 
 
 def run_steps(profiler: Profiler, first: int, last: int) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from torchtitan_like.config.manager import parse_args
+from torchtitan_like.validate import parse_args
 
 CONFIGS = Path(__file__).resolve().parents[2] / "train_configs"
 WORLD_SIZES = {

@@ -7,13 +7,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig, Parallelism
-from torchtitan_like.config.manager import ConfigError, field_docs, parse_args
-from torchtitan_like.config.validate import parallel_dims_of
+from torchtitan_like.config.manager import field_docs
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.tensor_parallel import maybe_enable_async_tp
 from torchtitan_like.logging import logger
 from torchtitan_like.models.llama3 import Llama3Args
+from torchtitan_like.validate import parallel_dims_of, parse_args
 
 TINY = ["--model.flavor", "tiny", "--training.seq_len", "64"]
 

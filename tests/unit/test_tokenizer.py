@@ -3,7 +3,7 @@ import json
 import pytest
 
 from torchtitan_like.components.data.tokenizer import ByteTokenizer, build_tokenizer
-from torchtitan_like.config.manager import ConfigError
+from torchtitan_like.config.errors import ConfigError
 
 
 @pytest.mark.parametrize("text", ["", "plain ascii", "ünïcödé ✓ 日本語", "tabs\tand\nnewlines"])

@@ -89,8 +89,8 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from torchtitan_like.components.fault_injection import FaultInjector
 from torchtitan_like.components.lr_scheduler import LRSchedulersContainer
 from torchtitan_like.components.optimizer import OptimizersContainer
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
-from torchtitan_like.config.manager import ConfigError
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.utils import DTYPES
 from torchtitan_like.logging import logger

@@ -1,6 +1,6 @@
 """Model converters: swap modules of the plain model before the parallelization plan runs.
 
-A converter changes the model built on meta (DESIGN.md, data flow step 5) before pipeline
+A converter changes the model built on meta (docs/design.md, "Data flow", step 6) before pipeline
 splitting and the plan, so tensor parallelism, activation checkpointing, compile and FSDP all
 see the converted modules. It may also act after every optimizer step (float8 recomputes its
 FSDP weight scales there). Another numeric format (MX, quantization-aware training) is one more

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from torch.distributed.checkpoint import FileSystemWriter
 
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
-from torchtitan_like.config.manager import ConfigError
 from torchtitan_like.logging import logger
 
 

@@ -41,8 +41,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
 
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import Float8 as Float8Config
-from torchtitan_like.config.manager import ConfigError
 from torchtitan_like.logging import logger
 
 if TYPE_CHECKING:

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity
 
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import Profiling as ProfilingConfig
-from torchtitan_like.config.manager import ConfigError
 from torchtitan_like.logging import logger
 
 MEMORY_HISTORY_ENTRIES = 100_000

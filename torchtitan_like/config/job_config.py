@@ -1,7 +1,7 @@
 """The job configuration: one dataclass per TOML section, one documented field per key.
 
 This file is the single source of truth for every option the trainer reads. The string under
-each field is its documentation: ``--help`` and the README's reference are generated from it,
+each field is its documentation: ``--help`` and docs/config_reference.md are generated from it,
 so a field without one fails the unit tests. ``Literal`` types list the accepted values.
 Section and key names follow TorchTitan's TOML era; add fields freely, rename none.
 """
@@ -84,11 +84,20 @@ class LRScheduler:
 
 @dataclass
 class Training:
-    dataset: Literal["cpython_docs", "local"] = "cpython_docs"
-    """cpython_docs: documentation text shipped with CPython (no download); local: dataset_path."""
+    dataset: Literal["cpython_docs", "local", "tokenized"] = "cpython_docs"
+    """cpython_docs: CPython's docs (no download); local: dataset_path; tokenized: prepared."""
 
     dataset_path: str = ""
-    """For dataset = local: a .txt/.jsonl/.parquet file or a folder searched for them."""
+    """local: a .txt/.jsonl/.parquet file or folder; tokenized: a scripts/prepare_data.py folder."""
+
+    mixture: dict[str, float] = field(default_factory=dict)
+    """tokenized: source name -> weight, each source the prepared folder dataset_path/<name>."""
+
+    shuffle: bool = False
+    """tokenized: seeded ([debug] seed) global shuffle of samples, the same under every layout."""
+
+    num_workers: int = 0
+    """tokenized: data-loading worker processes (0 = read in the training process)."""
 
     dataset_text_field: str = "text"
     """Field holding the document text in .jsonl records and .parquet columns."""

@@ -20,6 +20,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
 
 if sys.version_info >= (3, 11):
@@ -32,10 +33,6 @@ EXTENDS_KEY = "extends"
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
-
-
-class ConfigError(ValueError):
-    """A config that cannot run; the message says what to change."""
 
 
 def did_you_mean(name: str, options: typing.Iterable[str]) -> str:
@@ -72,6 +69,8 @@ def type_name(tp: Any) -> str:
         return "|".join(str(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) is list:
         return f"list[{type_name(typing.get_args(tp)[0])}]"
+    if typing.get_origin(tp) is dict:
+        return f"dict[str, {type_name(typing.get_args(tp)[1])}]"
     return tp.__name__
 
 
@@ -97,6 +96,16 @@ def _coerce(value: Any, tp: Any, where: str, from_cli: bool) -> Any:
         if not isinstance(value, list):
             fail()
         return [_coerce(v, item_tp, where, from_cli) for v in value]
+    if origin is dict:  # a TOML inline table, or name=value,name=value on the command line
+        _, value_tp = typing.get_args(tp)
+        if from_cli and isinstance(value, str):
+            pairs = [item.partition("=") for item in value.split(",") if item.strip()]
+            if any(not eq for _, eq, _ in pairs):
+                fail()
+            value = {k.strip(): v.strip() for k, _, v in pairs}
+        if not isinstance(value, dict):
+            fail()
+        return {str(k): _coerce(v, value_tp, where, from_cli) for k, v in value.items()}
     if from_cli and isinstance(value, str) and tp is not str:
         text = value.strip().lower()
         if tp is bool:
@@ -230,27 +239,6 @@ def build_job_config(argv: list[str]) -> JobConfig:
     return _build(layers)
 
 
-def parse_args(argv: list[str], world_size: int) -> JobConfig:
-    """The trainer's front door: TOML + overrides -> a validated JobConfig.
-
-    Prints --help / --print_config and exits when asked. ``world_size`` is what the degrees
-    are checked against (torchrun's WORLD_SIZE, known before any process group exists).
-    """
-    if "--help" in argv or "-h" in argv:
-        print(help_text())
-        raise SystemExit(0)
-    print_config = "--print_config" in argv
-    config = build_job_config([a for a in argv if a != "--print_config"])
-    import_custom_modules(config.job.custom_import)
-    from torchtitan_like.config.validate import validate
-
-    validate(config, world_size)
-    if print_config:
-        print(to_toml(config))
-        raise SystemExit(0)
-    return config
-
-
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -258,6 +246,9 @@ def _toml_value(value: Any) -> str:
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        items = ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items())
+        return "{ " + items + " }" if items else "{}"
     return repr(value)
 
 
@@ -297,12 +288,13 @@ def help_text() -> str:
 
 
 def reference_markdown() -> str:
-    """The README's config reference: one table per section, generated from the dataclasses."""
+    """The config reference page (docs/config_reference.md): one table per section, generated
+    from the dataclasses."""
     out = []
     defaults = JobConfig()
     for section, cls in sections().items():
         docs, hints = field_docs(cls), typing.get_type_hints(cls)
-        out += [f"### [{section}]", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        out += [f"## [{section}]", "", "| key | type | default | meaning |", "|---|---|---|---|"]
         for f in dataclasses.fields(cls):
             default = _toml_value(getattr(getattr(defaults, section), f.name))
             kind = type_name(hints[f.name]).replace("|", "\\|")
@@ -318,7 +310,6 @@ __all__ = [
     "field_docs",
     "help_text",
     "import_custom_modules",
-    "parse_args",
     "reference_markdown",
     "sections",
     "to_toml",

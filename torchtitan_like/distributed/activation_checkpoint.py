@@ -24,8 +24,8 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import ActivationCheckpoint
-from torchtitan_like.config.manager import ConfigError
 
 _aten = torch.ops.aten
 # Outputs worth keeping: expensive to recompute (matmuls, attention) or to re-communicate.

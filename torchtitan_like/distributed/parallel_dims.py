@@ -21,7 +21,7 @@ import math
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from torchtitan_like.config.manager import ConfigError
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed.expert_layout import expert_mesh
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")

@@ -64,8 +64,8 @@ from torch.distributed.pipelining.schedules import (
     get_schedule_class,
 )
 
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig, Parallelism
-from torchtitan_like.config.manager import ConfigError
 from torchtitan_like.logging import logger
 
 if typing.TYPE_CHECKING:

@@ -53,8 +53,8 @@ from torch import nn
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.device_mesh import DeviceMesh
 
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
-from torchtitan_like.config.manager import ConfigError
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.logging import logger
 

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
-from torchtitan_like.config.manager import ConfigError, did_you_mean
+from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.config.manager import did_you_mean
 
 if TYPE_CHECKING:
     from torchtitan_like.components.optimizer import OptimizersContainer
@@ -115,8 +116,9 @@ def register_model(spec: ModelSpec) -> None:
 
 
 def get_model_spec(name: str) -> ModelSpec:
-    import torchtitan_like.models  # noqa: F401  (registers the built-in models)
-
+    """The spec registered under ``name``. The built-in models are registered by the time this
+    runs: importing this module first runs ``torchtitan_like/models/__init__.py``, which
+    imports them."""
     if name not in _REGISTRY:
         raise ConfigError(
             f"[model] name: unknown model {name!r}; registered: {', '.join(sorted(_REGISTRY))}"

@@ -19,13 +19,14 @@ A sweep is a TOML file (train_configs/ablations/*.toml)::
     name = "+AC full"
     overrides = ["--activation_checkpoint.mode=full"]
 
-Each variant runs as its own ``run_train.sh`` job (its own torchrun, so a crash or a hang ends
-only that variant) with its own dump folder ``{output_folder}/{variant}``, where its log
-(``train.log``) and ``metrics.jsonl`` land. The runner reads every metrics.jsonl and writes
-``results.csv``, ``results.md`` and ``results.png`` (matplotlib, the ``plot`` extra) into the
-output folder. Throughput and MFU are means over the logged steps after the first (which
-carries start-up and compilation); memory is the largest logged peak; a failed variant keeps
-its status and the last meaningful line of its log.
+Each variant runs as its own torchrun job of ``torchtitan_like.train``, launched by the
+interpreter running the sweep (``python -m torch.distributed.run``: no checkout needed, and a
+crash or a hang ends only that variant), with its own dump folder ``{output_folder}/{variant}``,
+where its log (``train.log``) and ``metrics.jsonl`` land. The runner reads every metrics.jsonl
+and writes ``results.csv``, ``results.md`` and ``results.png`` (matplotlib, the ``plot``
+extra) into the output folder. Throughput and MFU are means over the logged steps after the
+first (which carries start-up and compilation); memory is the largest logged peak; a failed
+variant keeps its status and the last meaningful line of its log.
 """
 
 from __future__ import annotations
@@ -49,8 +50,12 @@ import torch
 from torchtitan_like.config.manager import build_job_config, tomllib
 from torchtitan_like.tools.planner import CPU, predict_peak
 
-ROOT = Path(__file__).resolve().parents[2]
-RUN_TRAIN = ROOT / "run_train.sh"
+LAUNCH_ENV = {
+    # gloo process groups of a restarted job cannot reuse torchrun's shared rendezvous store.
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1",
+}
+"""What run_train.sh sets for the trainer, set here too unless the caller's environment has it."""
 
 
 class SweepError(ValueError):
@@ -85,8 +90,15 @@ class Sweep:
         return self.baseline or self.variants[0].name
 
     def command(self, variant: Variant, folder: Path) -> list[str]:
-        """The run_train.sh command line of one variant (the variant's overrides win)."""
-        return [str(RUN_TRAIN), *self.overrides, f"--training.steps={self.steps}",
+        """The torchrun command line of one variant, as run_train.sh would build it on one
+        node; the variant's overrides win over the sweep's. Every rank's output reaches the
+        log (prefixed with its rank): when all ranks refuse a config, the first to exit makes
+        torchrun stop the others, so rank 0 alone may be stopped before it says why."""
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc_per_node={self.nproc_of(variant)}", "--max-restarts=0",
+                "--role=rank", "--tee=3",
+                "-m", "torchtitan_like.train", "--job.config_file", str(self.base_config),
+                *self.overrides, f"--training.steps={self.steps}",
                 f"--job.dump_folder={folder}", *variant.overrides]
 
     def nproc_of(self, variant: Variant) -> int:
@@ -270,19 +282,17 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def run_variant(sweep: Sweep, variant: Variant, folder: Path) -> Result:
-    """Train one variant with run_train.sh; its output goes to ``folder/train.log``."""
+    """Train one variant in its own torchrun; its output goes to ``folder/train.log``."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "metrics.jsonl").unlink(missing_ok=True)  # never read a previous run's records
     nproc = sweep.nproc_of(variant)
-    env = {**os.environ, "NPROC": str(nproc), "CONFIG_FILE": str(sweep.base_config),
-           "LOG_RANK": "0"}
-    env.setdefault("PYTHON", sys.executable)  # the interpreter running the sweep
+    env = {**LAUNCH_ENV, **os.environ}
     start = time.perf_counter()
     log_path = folder / "train.log"
     with log_path.open("w") as log:
-        log.write(f"$ NPROC={nproc} {' '.join(sweep.command(variant, folder))}\n")
+        log.write(f"$ {' '.join(sweep.command(variant, folder))}\n")
         log.flush()
-        proc = subprocess.Popen(sweep.command(variant, folder), cwd=ROOT, env=env,
+        proc = subprocess.Popen(sweep.command(variant, folder), env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             rc = proc.wait(timeout=sweep.timeout_s)
@@ -465,7 +475,7 @@ def run_sweep(sweep: Sweep, log=print) -> list[Result]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="ablate", description="Run a sweep of training variants and compare them "
+        prog="ttl-ablate", description="Run a sweep of training variants and compare them "
         "(see train_configs/ablations/). Exit status 1 when a variant did not finish.")
     parser.add_argument("sweep", help="sweep TOML file")
     parser.add_argument("--output", help="output folder (default: the sweep's output_folder)")
@@ -500,8 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         for v in sweep.variants:
             folder = sweep.output_folder / v.folder_name
-            print(f"NPROC={sweep.nproc_of(v)} CONFIG_FILE={sweep.base_config} "
-                  + " ".join(sweep.command(v, folder)))
+            print(" ".join(sweep.command(v, folder)))
         return 0
     results = run_sweep(sweep)
     return 0 if all(r.status == "ok" for r in results) else 1

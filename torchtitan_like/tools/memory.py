@@ -25,8 +25,8 @@ from torchtitan_like.train import Trainer
 
 
 def main(argv: list[str]) -> None:
-    from torchtitan_like.config.manager import parse_args
     from torchtitan_like.distributed.utils import init_distributed
+    from torchtitan_like.validate import parse_args
 
     cases_file, out_file = argv
     with open(cases_file) as f:
@@ -49,9 +49,9 @@ def measure_cases(cases: dict[str, tuple[int, list[str]]],
                   workdir: Path) -> dict[str, list[int]]:
     """Every rank's peak bytes (index = global rank) for each case {name: (processes,
     overrides)}; one torchrun launch per process count. Ranks differ under PP (each holds its
-    own stage). Raises RuntimeError with the end of the launch's output on failure."""
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONWARNINGS": "ignore",
+    own stage). The workers run the package this interpreter imports (no checkout needed).
+    Raises RuntimeError with the end of the launch's output on failure."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore",
            "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1", "OMP_NUM_THREADS": "1"}
     measured: dict[str, list[int]] = {}
     for nproc in sorted({n for n, _ in cases.values()}):
@@ -62,7 +62,7 @@ def measure_cases(cases: dict[str, tuple[int, list[str]]],
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                f"--nproc_per_node={nproc}", "-m", "torchtitan_like.tools.memory",
                                str(cases_file), str(out)],
-                              cwd=root, env=env, capture_output=True, text=True)
+                              env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"measuring {list(batch)} on {nproc} processes failed:\n"
                                f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")

@@ -899,8 +899,8 @@ def predict_stage_peaks(config: JobConfig, num_gpus: int, gpu: GPU) -> list[Memo
 
 def from_job_config(config: JobConfig, num_gpus: int) -> tuple[ModelShape, Workload, Layout]:
     """Model, workload and layout of a job config run on ``num_gpus`` GPUs."""
-    from torchtitan_like.config.validate import parallel_dims_of
     from torchtitan_like.models.registry import model_spec_and_args
+    from torchtitan_like.validate import parallel_dims_of
 
     _, args = model_spec_and_args(config)
     t, p = config.training, config.parallelism

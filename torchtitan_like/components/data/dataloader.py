@@ -1,4 +1,7 @@
-"""Batches of this rank's samples through torchdata's StatefulDataLoader (exact resume)."""
+"""Batches of this rank's samples through torchdata's StatefulDataLoader (exact resume).
+
+Prepared shards (``dataset = "tokenized"``) are read by tokenized.py; the other datasets are
+tokenized on the fly (datasets.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from torchtitan_like.components.data.datasets import PackedDataset, Split
 from torchtitan_like.components.data.sources import build_document_source
+from torchtitan_like.components.data.tokenized import TokenizedLoader, build_tokenized_loader
 from torchtitan_like.components.data.tokenizer import Tokenizer
 from torchtitan_like.config.job_config import Training
 
@@ -17,9 +21,14 @@ def build_dataloader(
     dp_rank: int,
     dp_degree: int,
     split: Split = "train",
-) -> StatefulDataLoader:
-    """Yields (inputs, labels), each (local_batch_size, seq_len). Samples are packed in the
-    main process (num_workers = 0): the position in the stream is then one exact state."""
+    seed: int = 0,
+) -> StatefulDataLoader | TokenizedLoader:
+    """Yields (inputs, labels), each (local_batch_size, seq_len). On the fly, samples are
+    packed in the main process (num_workers = 0): the position in the stream is then one exact
+    state. ``seed`` orders a shuffled or mixed prepared dataset."""
+    if config.dataset == "tokenized":
+        return build_tokenized_loader(config, seed, dp_rank=dp_rank, dp_degree=dp_degree,
+                                      split=split)
     source = build_document_source(config.dataset, config.dataset_path, config.dataset_text_field)
     dataset = PackedDataset(
         source,

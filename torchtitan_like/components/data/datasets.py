@@ -11,7 +11,8 @@ rank r takes the r-th block of ``local_batch`` of them. Hence
   so a saved position is layout-independent and a run can resume under another DP degree.
 
 The price: every rank tokenizes the whole stream and keeps 1/dp of it, cheap for the byte
-tokenizer and small corpora; pre-tokenize very large corpora.
+tokenizer and small corpora; tokenize large corpora once with scripts/prepare_data.py and
+train with ``dataset = "tokenized"`` (tokenized.py), where each rank reads only its samples.
 """
 
 from __future__ import annotations

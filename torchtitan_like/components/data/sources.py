@@ -13,7 +13,7 @@ import sysconfig
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from torchtitan_like.config.manager import ConfigError
+from torchtitan_like.config.errors import ConfigError
 
 DocumentSource = Callable[[], Iterator[str]]
 

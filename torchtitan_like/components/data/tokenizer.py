@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Protocol
 
-from torchtitan_like.config.manager import ConfigError
+from torchtitan_like.config.errors import ConfigError
 
 
 class Tokenizer(Protocol):

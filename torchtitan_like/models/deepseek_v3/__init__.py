@@ -9,6 +9,7 @@ from torchtitan_like.models.deepseek_v3.parallelize import (
     parallelize_deepseek_v3,
     register_optimizer_hooks,
 )
+from torchtitan_like.models.llama3.pipeline import pipeline_llama
 from torchtitan_like.models.registry import ModelSpec, register_model
 
 register_model(
@@ -18,6 +19,8 @@ register_model(
         flavors=deepseek_v3_flavors,
         parallelize_fn=parallelize_deepseek_v3,
         hf_adapter=DeepSeekV3HFAdapter,
+        # tok_embeddings, layers.0 .. n-1, norm, output in forward order, as llama3: its split.
+        pipelining_fn=pipeline_llama,
         register_optimizer_hooks=register_optimizer_hooks,
     )
 )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from torchtitan_like.config.manager import ConfigError
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.models.moe import MoEArgs
 from torchtitan_like.models.registry import BaseModelArgs
 
@@ -78,8 +78,16 @@ class DeepSeekV3Args(BaseModelArgs):
         if not 0 <= self.n_dense_layers <= self.n_layers:
             raise ConfigError(f"{flavor}: n_dense_layers {self.n_dense_layers} must be in "
                               f"0..n_layers ({self.n_layers})")
-        unsupported = {"tensor": parallel_dims.tp, "context": parallel_dims.cp,
-                       "pipeline": parallel_dims.pp}
+        if parallel_dims.pp > 1:  # the same module layout as llama3, so its split
+            from torchtitan_like.models.llama3.pipeline import llama_fqns_per_stage
+
+            llama_fqns_per_stage(self, job_config)
+        if job_config.compile.enable and "model" in job_config.compile.components:
+            raise ConfigError(f"{flavor}: compiling deepseek_v3 blocks is not supported yet "
+                              "(the MoE layer's token sort and load counting break the "
+                              "full-graph block compile); set [compile] enable = false or "
+                              "components = [\"loss\"]")
+        unsupported = {"tensor": parallel_dims.tp, "context": parallel_dims.cp}
         for name, degree in unsupported.items():
             if degree > 1:
                 raise ConfigError(f"{flavor}: the deepseek_v3 plan does not support {name} "

@@ -16,6 +16,7 @@ import re
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from torchtitan_like.models.deepseek_v3.args import DeepSeekV3Args
 
@@ -72,6 +73,10 @@ class DeepSeekV3HFAdapter:
             if m and m.group(2) in _BLOCK:
                 out[f"model.layers.{m.group(1)}.{_BLOCK[m.group(2)]}"] = value
             elif m and m.group(2) in _EXPERTS:
+                if isinstance(value, DTensor):
+                    raise ValueError("deepseek_v3 reads HuggingFace weights into a sharded "
+                                     "model only through a seed checkpoint: convert them with "
+                                     "scripts/convert_hf.py and set initial_load_path to it")
                 for j in range(value.shape[0]):
                     name = f"model.layers.{m.group(1)}.mlp.experts.{j}.{_EXPERTS[m.group(2)]}"
                     out[f"{name}.weight"] = value[j]

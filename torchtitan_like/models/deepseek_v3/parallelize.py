@@ -1,11 +1,13 @@
 """The DeepSeek-V3 parallelization plan: one model part in, the same part parallelized out.
 
-The steps and their order are llama3's (each lives in its own file under distributed/ or
-components/): activation checkpointing -> torch.compile -> FSDP2, each skipping the modules a
-pipeline stage dropped. Expert parallelism slots in as one more step before AC (it shards
-``moe.experts`` and wraps its forward with the token all-to-alls), and its FSDP step then
-shards the expert weights over their own mesh. The MoE balancing bias update is an optimizer
-step post-hook (``register_optimizer_hooks``), not a module change.
+The steps and their order are llama3's (each lives in its own file under distributed/):
+activation checkpointing -> FSDP2, each skipping the modules a pipeline stage dropped. Block
+compile is refused at start-up for now (args.py ``validate``): llama3's full-graph block
+compile does not trace the MoE layer's data-dependent token sort and load counting.
+Expert parallelism slots in as one more step before AC (it shards ``moe.experts`` and wraps
+its forward with the token all-to-alls), and its FSDP step then shards the expert weights over
+their own mesh. The MoE balancing bias update is an optimizer step post-hook
+(``register_optimizer_hooks``), not a module change.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from torch import nn
 from torchtitan_like.components.optimizer import OptimizersContainer
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.distributed.activation_checkpoint import apply_ac
-from torchtitan_like.distributed.compile import apply_compile
 from torchtitan_like.distributed.expert_layout import expert_fsdp_mesh
 from torchtitan_like.distributed.expert_parallel import apply_expert_fsdp, apply_expert_parallel
 from torchtitan_like.distributed.fsdp import apply_fsdp, reshard_after_forward
@@ -31,7 +32,6 @@ def parallelize_deepseek_v3(
     if parallel_dims.ep_enabled:
         apply_expert_parallel(_routed_experts(model), meshes.expert["ep"])
     apply_ac(model.layers, config.activation_checkpoint)
-    apply_compile(model.layers, config.compile)
     if parallel_dims.fsdp_enabled:
         _apply_fsdp(model, parallel_dims, meshes, config)
     return model

@@ -6,7 +6,8 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING
 
-from torchtitan_like.config.manager import ConfigError
+from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.models.llama3.pipeline import llama_fqns_per_stage
 from torchtitan_like.models.registry import BaseModelArgs
 
 if TYPE_CHECKING:
@@ -80,8 +81,6 @@ class Llama3Args(BaseModelArgs):
                               f"{degree} (the embedding and the output head are split by "
                               "vocabulary rows); choose a degree that divides it")
         if parallel_dims.pp > 1:
-            from torchtitan_like.models.llama3.pipeline import llama_fqns_per_stage
-
             if self.tie_word_embeddings:
                 raise ConfigError(
                     f"{flavor} ties the output head to the embedding, which pipeline "

@@ -8,10 +8,14 @@ deep copy of the meta model with the other stages' modules removed, so it is sti
 
 from __future__ import annotations
 
-from torchtitan_like.config.job_config import JobConfig
+from typing import TYPE_CHECKING
+
 from torchtitan_like.distributed.pipeline import module_fqns_per_stage, prune_to_stage
-from torchtitan_like.models.llama3.args import Llama3Args
-from torchtitan_like.models.llama3.model import Transformer
+
+if TYPE_CHECKING:  # names for annotations only: args.py calls this module to validate a split
+    from torchtitan_like.config.job_config import JobConfig
+    from torchtitan_like.models.llama3.args import Llama3Args
+    from torchtitan_like.models.llama3.model import Transformer
 
 
 def llama_fqns_per_stage(args: Llama3Args, config: JobConfig) -> list[list[str]]:

@@ -63,12 +63,17 @@ class MoE(nn.Module):
             out = out + self.shared_experts(flat)
         return out.view(bs, seq_len, dim)
 
-    @torch.compiler.disable
     def _count_tokens(self, counts: torch.Tensor) -> None:
-        """Accumulate the load for the bias update in training forwards only: not while
-        activation checkpointing recomputes this forward inside backward (that would count
-        every token twice), nor in evaluation or other no-grad forwards (validation)."""
-        if self.training and torch.is_grad_enabled() and not recomputing():
+        """Accumulate the load for the bias update in the forwards of real training
+        microbatches only: with step hooks attached, exactly the forwards they record (not a
+        pipeline's metadata-inference forward on uninitialised tensors); without, training-mode
+        forwards with autograd on. Never while activation checkpointing recomputes a forward
+        inside backward, which would count every token twice."""
+        if self.step_hooks is not None:
+            counted = self.step_hooks.records_now
+        else:
+            counted = self.training and torch.is_grad_enabled() and not recomputing()
+        if counted:
             self.tokens_per_expert.add_(counts.to(self.tokens_per_expert.dtype))
 
     def _record_load(self, counts: torch.Tensor) -> None:

@@ -1,13 +1,35 @@
-"""Every check a job can fail before it starts, in one place, run once at start-up.
+"""Every check a job can fail before it starts, in one place, run once at start-up, and
+``parse_args``, the trainer's front door that reads the config and runs them.
 
 Each check raises ConfigError naming the field(s) and the fix. Nothing here touches a process
-group or allocates a model: the world size comes from torchrun's environment.
+group or allocates a model: the world size comes from torchrun's environment. This module sits
+above ``config/`` (which imports nothing outside itself) because the checks ask the subsystems
+(models, parallelisms, checkpoint, data) whether they can run the job.
 """
 
 from __future__ import annotations
 
+from torchtitan_like.components import float8, profiling
+from torchtitan_like.components.checkpoint import validate_checkpoint
+from torchtitan_like.components.data.sources import check_dataset_path
+from torchtitan_like.components.data.tokenized import validate_data_options
+from torchtitan_like.components.data.tokenizer import build_tokenizer
+from torchtitan_like.components.fault_injection import validate_faults
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
-from torchtitan_like.config.manager import ConfigError
+from torchtitan_like.config.manager import (
+    build_job_config,
+    help_text,
+    import_custom_modules,
+    to_toml,
+)
+from torchtitan_like.distributed import context_parallel, tensor_parallel
+from torchtitan_like.distributed.activation_checkpoint import every_nth_layer
+from torchtitan_like.distributed.expert_layout import validate_expert_layout
+from torchtitan_like.distributed.parallel_dims import ParallelDims
+from torchtitan_like.distributed.pipeline import validate_pipeline
+from torchtitan_like.distributed.utils import device_type
+from torchtitan_like.models.registry import model_spec_and_args
 
 
 def _require(condition: bool, message: str) -> None:
@@ -16,8 +38,6 @@ def _require(condition: bool, message: str) -> None:
 
 
 def parallel_dims_of(config: JobConfig, world_size: int):
-    from torchtitan_like.distributed.parallel_dims import ParallelDims
-
     p = config.parallelism
     return ParallelDims.resolve(
         world_size,
@@ -73,18 +93,6 @@ def _validate_numbers(config: JobConfig) -> None:
 
 
 def validate(config: JobConfig, world_size: int) -> None:
-    from torchtitan_like.components import float8, profiling
-    from torchtitan_like.components.checkpoint import validate_checkpoint
-    from torchtitan_like.components.data.sources import check_dataset_path
-    from torchtitan_like.components.data.tokenizer import build_tokenizer
-    from torchtitan_like.components.fault_injection import validate_faults
-    from torchtitan_like.distributed import context_parallel, tensor_parallel
-    from torchtitan_like.distributed.activation_checkpoint import every_nth_layer
-    from torchtitan_like.distributed.expert_layout import validate_expert_layout
-    from torchtitan_like.distributed.pipeline import validate_pipeline
-    from torchtitan_like.distributed.utils import device_type
-    from torchtitan_like.models.registry import model_spec_and_args
-
     _validate_numbers(config)
     ac = config.activation_checkpoint
     if ac.mode == "selective" and ac.selective_ac_option != "op":
@@ -113,5 +121,25 @@ def validate(config: JobConfig, world_size: int) -> None:
     )
     if config.training.dataset == "local":
         check_dataset_path(config.training.dataset_path)
+    validate_data_options(config.training, config.model.tokenizer_path, tokenizer.vocab_size)
     validate_checkpoint(config, world_size)
     validate_faults(config, world_size)
+
+
+def parse_args(argv: list[str], world_size: int) -> JobConfig:
+    """The trainer's front door: TOML + overrides -> a validated JobConfig.
+
+    Prints --help / --print_config and exits when asked. ``world_size`` is what the degrees
+    are checked against (torchrun's WORLD_SIZE, known before any process group exists).
+    """
+    if "--help" in argv or "-h" in argv:
+        print(help_text())
+        raise SystemExit(0)
+    print_config = "--print_config" in argv
+    config = build_job_config([a for a in argv if a != "--print_config"])
+    import_custom_modules(config.job.custom_import)
+    validate(config, world_size)
+    if print_config:
+        print(to_toml(config))
+        raise SystemExit(0)
+    return config

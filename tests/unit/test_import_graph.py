@@ -1,0 +1,127 @@
+"""The package's import graph: no circles, and ``config/`` at the bottom.
+
+Every module of ``torchtitan_like`` is parsed (not imported) with ``ast``, and every import
+statement counts, including those inside functions (a lazy import is still a dependency; it only
+hides a circle until the function runs). Imports under ``if TYPE_CHECKING:`` are left out: they
+never execute, and with ``from __future__ import annotations`` they only name types. The implicit
+edge from a submodule to its parent package's ``__init__`` is left out too: Python registers the
+package before running its ``__init__``, so reaching a sibling through the package is no circle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import torchtitan_like
+
+PACKAGE = "torchtitan_like"
+ROOT = Path(torchtitan_like.__file__).parent
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _runtime_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    found, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _targets(node: ast.Import | ast.ImportFrom, this: str, is_package: bool,
+             modules: set[str]) -> set[str]:
+    """The package modules one import statement loads (``from a import b`` loads ``a.b`` when
+    ``b`` is a submodule, else ``a``)."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            anchor = this.split(".")
+            anchor = anchor if is_package else anchor[:-1]
+            anchor = anchor[: len(anchor) - (node.level - 1)]
+            base = ".".join([*anchor, base] if base else anchor)
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                 for a in node.names]
+    found = set()
+    for name in names:
+        while name and name not in modules:  # `import a.b.c` of a non-module attribute
+            name = name.rpartition(".")[0]
+        if name.startswith(PACKAGE) and name != this:
+            found.add(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for p in ROOT.rglob("*.py")}
+    modules = set(files)
+    graph = {}
+    for name, path in files.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        is_package = path.name == "__init__.py"
+        graph[name] = set().union(*(_targets(node, name, is_package, modules)
+                                    for node in _runtime_imports(tree)))
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle as a path ``a -> b -> ... -> a``, or None (depth-first search)."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return None
+
+
+def test_graph_sees_lazy_imports():
+    graph = import_graph()
+    assert "torchtitan_like.config.manager" in graph["torchtitan_like.validate"]
+    assert graph["torchtitan_like.train"], "the trainer imports the package"
+
+
+def test_no_import_cycles():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import circle: " + " -> ".join(cycle or [])
+
+
+def test_config_imports_only_itself():
+    graph = import_graph()
+    outside = {
+        module: sorted(t for t in targets if not t.startswith(f"{PACKAGE}.config"))
+        for module, targets in graph.items() if module.startswith(f"{PACKAGE}.config")
+    }
+    assert not any(outside.values()), f"config/ imports above itself: {outside}"
+
+
+def test_find_cycle_reports_the_circle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None

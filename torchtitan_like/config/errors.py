@@ -1,0 +1,6 @@
+"""The one error type of a config that cannot run, at the bottom of the import graph so that
+every layer (config parsing, models, distributed, components) can raise it."""
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message says what to change."""
