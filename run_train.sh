@@ -34,6 +34,14 @@ fi
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
 export TORCHAO_FORCE_SKIP_LOADING_SO_FILES="${TORCHAO_FORCE_SKIP_LOADING_SO_FILES:-1}"
 
+# Check the job in one process first: a bad config or dataset is one line and exit code 2,
+# before torchrun starts; --help and --print_config are answered there too.
+preflight=("$PYTHON" -m torchtitan_like.preflight --job.config_file "$CONFIG_FILE" "$@")
+for arg in "$@"; do
+  case "$arg" in -h|--help|--print_config) WORLD_SIZE=$((NPROC * NNODES)) exec "${preflight[@]}" ;; esac
+done
+WORLD_SIZE=$((NPROC * NNODES)) "${preflight[@]}" || exit $?
+
 exec "$PYTHON" -m torch.distributed.run "${rdzv[@]}" --nproc_per_node="$NPROC" \
   --max-restarts="${MAX_RESTARTS:-0}" --local-ranks-filter="$LOG_RANK" --role=rank --tee=3 \
   -m torchtitan_like.train --job.config_file "$CONFIG_FILE" "$@"

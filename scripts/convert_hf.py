@@ -25,7 +25,8 @@ from torchtitan_like.components.hf_checkpoint import (
     model_from_checkpoint,
     save_hf,
 )
-from torchtitan_like.config.manager import import_custom_modules
+from torchtitan_like.components.hf_export import add_generation_files
+from torchtitan_like.config.manager import ConfigError, import_custom_modules
 from torchtitan_like.distributed.utils import DTYPES
 from torchtitan_like.models.registry import get_model_spec
 
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     to_hf.add_argument("output", type=Path, help="HuggingFace folder to write")
     to_hf.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     to_hf.add_argument("--max_shard_gb", type=float, default=5.0)
+    to_hf.add_argument("--tokenizer_path", default="",
+                       help="the job's [model] tokenizer_path (default: byte-level)")
     from_hf = sub.add_parser("from_hf", help="HuggingFace folder -> seed checkpoint step-0")
     from_hf.add_argument("hf_folder", type=Path)
     from_hf.add_argument("checkpoint_folder", type=Path,
@@ -59,12 +62,14 @@ def main(argv: list[str] | None = None) -> int:
             model, model_args = model_from_checkpoint(spec, args.checkpoint, args.flavor)
             files = save_hf(model.state_dict(), spec.hf_adapter(model_args), args.output,
                             DTYPES[args.dtype], int(args.max_shard_gb * 2**30))
-            print(f"wrote {args.output}/config.json and {len(files)} safetensors file(s)")
+            add_generation_files(args.output, args.tokenizer_path)
+            print(f"wrote {args.output}/config.json, {len(files)} safetensors file(s), the "
+                  "tokenizer files and generation_config.json")
         else:
             final, flavor = hf_to_seed_checkpoint(spec, args.hf_folder, args.checkpoint_folder,
                                                   args.flavor)
             print(f"wrote the seed checkpoint {final} ({args.model} flavor {flavor})")
-    except (ValueError, CheckpointError) as e:
+    except (ValueError, CheckpointError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

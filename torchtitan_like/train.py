@@ -20,10 +20,12 @@ import torch.distributed as dist
 
 from torchtitan_like.components.checkpoint import CheckpointError, CheckpointManager
 from torchtitan_like.components.converters import build_converters
-from torchtitan_like.components.data.dataloader import build_dataloader
+from torchtitan_like.components.data.checks import describe_data
+from torchtitan_like.components.data.dataloader import build_dataloader, data_epoch
 from torchtitan_like.components.data.tokenized import report_mixture
 from torchtitan_like.components.data.tokenizer import build_tokenizer
 from torchtitan_like.components.fault_injection import FaultInjector
+from torchtitan_like.components.hf_export import export_last_save
 from torchtitan_like.components.loss import count_labelled_tokens, cross_entropy_sum
 from torchtitan_like.components.lr_scheduler import LRSchedulersContainer
 from torchtitan_like.components.metrics import MetricsLogger, peak_tflops
@@ -66,6 +68,9 @@ class Trainer:
             seed=config.debug.seed,
         )
         self.grad_accumulation_steps = grad_accumulation_steps(config, self.parallel_dims.dp)
+        logger.info(f"data: {describe_data(training)}; tokenizer "
+                    f"{config.model.tokenizer_path or 'byte-level'} ({self.tokenizer.vocab_size:,} "
+                    "tokens)")
 
         # 3-6. The plain model on meta, converters (Float8), split into this rank's pipeline
         # stages (or kept whole), then the parallelization plan on each part.
@@ -133,6 +138,7 @@ class Trainer:
             replica_devices=self.parallel_dims.non_data_parallel_size,
             world_size=self.parallel_dims.world_size,
             resume_step=self.step,
+            total_steps=training.steps,
         )
         self.autocast = dist_utils.maybe_autocast(
             self.parallel_dims.fsdp_enabled, compute_dtype, device
@@ -251,14 +257,19 @@ class Trainer:
             if self.step == 1 or self.step % self.config.metrics.log_freq == 0 or last:
                 global_loss = self.global_sum(loss).item()
                 model_values, console = self.step_hooks.reduce(self.meshes.dp_cp, self.meshes.pp)
-                self.metrics.log(self.step, {"loss": global_loss, "grad_norm": grad_norm, "lr": lr,
-                                             **report_mixture(self.dataloader), **model_values},
-                                 console=console)
+                self.metrics.log(self.step, {
+                    "loss": global_loss, "grad_norm": grad_norm, "lr": lr,
+                    "epoch": data_epoch(self.dataloader), "tokens_seen": self.tokens_seen,
+                    **report_mixture(self.dataloader), **model_values}, console=console)
             self.faults.after_step(self.step)
-            self.checkpointer.save(self.step, last)
+            with self.metrics.paused("checkpoint"):
+                self.checkpointer.save(self.step, last)
             if validation.enable and (self.step % validation.freq == 0 or last):
-                self.metrics.log_validation(self.step, self.validate())
+                with self.metrics.paused("validation"):
+                    self.metrics.log_validation(self.step, self.validate())
         self.checkpointer.close()
+        if self.config.checkpoint.last_save_in_hf and dist.get_rank() == 0:
+            export_last_save(self.config, self.checkpointer.folder, self.step)
         self.metrics.close()
         self.profiler.close()
         folder, metrics = self.config.job.dump_folder, self.config.metrics

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from torchtitan_like.components import float8, profiling
 from torchtitan_like.components.checkpoint import validate_checkpoint
-from torchtitan_like.components.data.sources import check_dataset_path
+from torchtitan_like.components.data.checks import check_data
 from torchtitan_like.components.data.tokenized import validate_data_options
 from torchtitan_like.components.data.tokenizer import build_tokenizer
 from torchtitan_like.components.fault_injection import validate_faults
+from torchtitan_like.components.hf_export import validate_hf_export
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.config.manager import (
@@ -68,26 +69,15 @@ def grad_accumulation_steps(config: JobConfig, dp_degree: int) -> int:
 
 
 def _validate_numbers(config: JobConfig) -> None:
-    t, s, o = config.training, config.lr_scheduler, config.optimizer
-    for name in ("local_batch_size", "seq_len", "steps"):
-        _require(getattr(t, name) >= 1, f"[training] {name} = {getattr(t, name)}: must be >= 1")
+    """Numbers whose valid values are not one range (simple ranges: ``ranged`` fields)."""
+    t, s = config.training, config.lr_scheduler
     _require(t.global_batch_size == -1 or t.global_batch_size >= 1,
              f"[training] global_batch_size = {t.global_batch_size}: must be >= 1 or -1")
-    _require(t.max_norm >= 0, f"[training] max_norm = {t.max_norm}: must be >= 0 (0 = no clip)")
     _require(t.holdout_every >= 0 and t.holdout_every != 1,
              f"[training] holdout_every = {t.holdout_every}: must be 0 (off) or >= 2")
-    _require(o.lr > 0, f"[optimizer] lr = {o.lr}: must be > 0")
-    for name in ("beta1", "beta2"):
-        _require(0 <= getattr(o, name) < 1, f"[optimizer] {name}: must be in [0, 1)")
-    _require(s.warmup_steps >= 0, "[lr_scheduler] warmup_steps: must be >= 0")
     _require(s.decay_ratio == -1 or 0 <= s.decay_ratio <= 1,
              f"[lr_scheduler] decay_ratio = {s.decay_ratio}: must be in [0, 1] or -1")
-    _require(0 <= s.min_lr_factor <= 1, "[lr_scheduler] min_lr_factor: must be in [0, 1]")
-    _require(config.metrics.log_freq >= 1, "[metrics] log_freq: must be >= 1")
-    _require(config.metrics.peak_tflops >= 0, "[metrics] peak_tflops: must be >= 0")
-    v = config.validation
-    if v.enable:
-        _require(v.freq >= 1 and v.steps >= 1, "[validation] freq and steps: must be >= 1")
+    if config.validation.enable:
         _require(t.holdout_every > 0,
                  "[validation] enable needs a held-out split: set [training] holdout_every >= 2")
 
@@ -119,10 +109,10 @@ def validate(config: JobConfig, world_size: int) -> None:
         f"the tokenizer has {tokenizer.vocab_size} tokens but [model] flavor "
         f"{config.model.flavor} only {vocab} embeddings; choose a larger flavor or tokenizer",
     )
-    if config.training.dataset == "local":
-        check_dataset_path(config.training.dataset_path)
     validate_data_options(config.training, config.model.tokenizer_path, tokenizer.vocab_size)
+    check_data(config.training, config.validation.enable)
     validate_checkpoint(config, world_size)
+    validate_hf_export(config)
     validate_faults(config, world_size)
 
 

@@ -56,3 +56,58 @@ def test_a_resumed_run_continues_the_file_from_its_step(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r.get("loss"), r.get("resumed")) for r in lines] == [
         (1, 1.0, None), (2, 2.0, None), (2, None, True), (3, 30.0, None)]
+
+
+def test_a_torn_last_line_is_dropped_on_resume(tmp_path, caplog):
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps({"step": 1, "loss": 1.0}) + "\n" + json.dumps({"step": 2, "loss": 2.0})
+        + "\n" + '{"step": 3, "lo')  # the job was killed while writing step 3
+    resumed = MetricsLogger(dump_folder=str(tmp_path), writer=True, enable_tensorboard=False,
+                            tb_folder="tb", device=torch.device("cpu"), flops_per_token=1,
+                            peak=None, replica_devices=1, world_size=1, resume_step=2)
+    resumed.log(3, {"loss": 3.0, "grad_norm": 0.0, "lr": 0.1})
+    resumed.close()
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r.get("loss")) for r in lines] == [(1, 1.0), (2, 2.0), (2, None),
+                                                           (3, 3.0)]
+    assert "metrics.jsonl:3: dropped a torn record" in caplog.text
+
+
+def test_nothing_is_written_before_the_first_record(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("an earlier run\n")
+    metrics = MetricsLogger(dump_folder=str(tmp_path), writer=True, enable_tensorboard=True,
+                            tb_folder="tb", device=torch.device("cpu"), flops_per_token=1,
+                            peak=None, replica_devices=1, world_size=1)
+    metrics.close()  # a job that failed before its first step
+    assert (tmp_path / "metrics.jsonl").read_text() == "an earlier run\n"
+    assert not (tmp_path / "tb").exists()
+
+
+def test_progress_and_paused_time_leave_throughput_alone(tmp_path, caplog):
+    caplog.set_level("INFO", logger="torchtitan_like")
+    metrics = MetricsLogger(dump_folder=str(tmp_path), writer=True, enable_tensorboard=False,
+                            tb_folder="tb", device=torch.device("cpu"), flops_per_token=1e9,
+                            peak=0.001, replica_devices=1, world_size=1, total_steps=10)
+    metrics.add_step(tokens=1000, data_seconds=0.0)
+    metrics.window_start -= 3.0  # three seconds passed, two of them saving and validating
+    metrics.progress.started -= 3.0
+    metrics.paused_seconds.update(checkpoint=1.5, validation=0.5)
+    with metrics.paused("checkpoint"):  # adds its own (tiny) time
+        pass
+    record = metrics.log(2, {"loss": 1.0, "grad_norm": 0.0, "lr": 0.1, "tokens_seen": 2048})
+    metrics.close()
+    assert record["tokens_per_second"] == pytest.approx(1000, rel=0.05)  # over 1 s, not 3
+    assert record["checkpoint_seconds"] == pytest.approx(1.5, abs=0.05)
+    assert record["validation_seconds"] == 0.5
+    assert record["elapsed_seconds"] == pytest.approx(3.0, rel=0.05)
+    assert record["eta_seconds"] == pytest.approx(3.0 / 2 * 8, rel=0.05)
+    assert record["mfu_peak_tflops"] == 0.001
+    assert "step 2/10  elapsed 0:00:03  eta 0:00:12  tokens 2,048" in caplog.text
+    assert "% is over 100%: the peak of 0.001 TFLOP/s" in caplog.text
+
+
+def test_cpu_peak_is_measured_once_per_process():
+    from torchtitan_like.components.metrics import measure_cpu_tflops
+
+    first = measure_cpu_tflops(torch.float32)
+    assert first > 0 and measure_cpu_tflops(torch.float32) is first

@@ -118,9 +118,10 @@ def validate_checkpoint(config: JobConfig, world_size: int) -> None:
     require(c.keep_latest_k >= 0, f"keep_latest_k = {c.keep_latest_k}: must be >= 0 (0 = all)")
     require(c.load_step >= -1, f"load_step = {c.load_step}: must be a step >= 0, or -1 (latest)")
     require(bool(c.folder.strip()), "folder: must not be empty")
-    require(c.export_dtype == "float32" or c.last_save_model_only,
+    require(c.export_dtype == "float32" or c.last_save_model_only or c.last_save_in_hf,
             f"export_dtype = {c.export_dtype} applies to a model-only last save only: set "
-            "last_save_model_only = true (a resumable checkpoint keeps the training dtype)")
+            "last_save_model_only = true, or last_save_in_hf = true for a HuggingFace one (a "
+            "resumable checkpoint keeps the training dtype)")
     require(c.load_step == -1 or c.enable,
             f"load_step = {c.load_step} needs enable = true (nothing is loaded otherwise)")
     if c.create_seed_checkpoint:

@@ -10,6 +10,7 @@ a *sharded* training job goes through DCP's HuggingFaceStorageReader instead
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +73,25 @@ def model_from_checkpoint(spec: ModelSpec, checkpoint: Path, flavor: str | None 
     args.max_seq_len = info.get("seq_len", args.max_seq_len)
     model = spec.model_cls(args)
     state = model.state_dict()
-    dcp.load({"model": state}, checkpoint_id=str(checkpoint), no_dist=True)
+    with warnings.catch_warnings():  # "... assuming the intent is to load in a single process"
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        dcp.load({"model": state}, checkpoint_id=str(checkpoint), no_dist=True)
     model.load_state_dict(state)
+    return model, args
+
+
+def model_from_hf(spec: ModelSpec, folder: Path, flavor: str | None = None,
+                  ) -> tuple[torch.nn.Module, Any]:
+    """The model of a HuggingFace folder in this process; the flavor is the one whose shape
+    its config.json describes (every shape-defining field compared) unless given."""
+    config, hf_tensors = load_hf(folder)
+    flavor = flavor or _matching_flavor(spec, config, folder)
+    args = get_model_args(spec, flavor)
+    adapter = spec.hf_adapter(args)
+    adapter.check_config(config)
+    args.max_seq_len = config.get("max_position_embeddings", args.max_seq_len)
+    model = spec.model_cls(args)
+    model.load_state_dict(adapter.from_hf(hf_tensors))
     return model, args
 
 

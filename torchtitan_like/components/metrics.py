@@ -4,19 +4,24 @@ Throughput follows TorchTitan: ``tokens_per_second`` is per device, i.e. the tok
 model replica consumed divided by time and by the devices that replica spans (pp x cp x tp);
 ``tokens_per_second_total`` is for the whole job. TFLOP/s = flops_per_token x tokens_per_second,
 and MFU = TFLOP/s / peak, the peak coming from ``[metrics] peak_tflops``, else a table of
-known GPUs (dense bf16), else, on a CPU, a matmul measured at start-up in the compute dtype.
+known GPUs (dense bf16), else, on a CPU, the best of several matmul timings in the compute
+dtype (``mfu_peak_tflops`` in every record says which peak was used).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import resource
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from torchtitan_like.components.progress import Progress
 from torchtitan_like.logging import logger
 
 # Dense bf16 TFLOP/s (no sparsity) per device, by a substring of torch.cuda.get_device_name().
@@ -32,15 +37,27 @@ GPU_PEAK_TFLOPS = {
 }
 
 
-def measure_cpu_tflops(dtype: torch.dtype, n: int = 1024, iters: int = 8) -> float:
-    """Matmul throughput of this CPU (with torch's threads) in ``dtype``: a practical peak."""
+@functools.cache
+def measure_cpu_tflops(dtype: torch.dtype, n: int = 1024, runs: int = 5,
+                       min_seconds: float = 0.2) -> float:
+    """Matmul throughput of this CPU (with torch's threads) in ``dtype``: a practical peak.
+
+    The best of ``runs`` timings, each of enough matmuls to last ``min_seconds``: a busy
+    machine only ever slows a run down, so the fastest is the closest to the peak. Cached:
+    measured once per process and dtype."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    for _ in range(2):
-        a @ b
-    start = time.perf_counter()
-    for _ in range(iters):
-        a @ b
-    return 2 * n**3 * iters / (time.perf_counter() - start) / 1e12
+    iters, best = 1, 0.0
+    for _ in range(runs):
+        while True:
+            start = time.perf_counter()
+            for _ in range(iters):
+                a @ b
+            seconds = time.perf_counter() - start
+            if seconds >= min_seconds:
+                break
+            iters *= 2
+        best = max(best, 2 * n**3 * iters / seconds / 1e12)
+    return best
 
 
 def peak_tflops(
@@ -51,7 +68,7 @@ def peak_tflops(
     if device.type == "cpu":
         measured = measure_cpu_tflops(compute_dtype)
         logger.info(f"MFU peak: measured {measured:.3f} TFLOP/s ({compute_dtype} matmul on this "
-                    "CPU); set [metrics] peak_tflops to use another")
+                    "CPU, best of 5); set [metrics] peak_tflops to use another")
         return measured
     name = torch.cuda.get_device_name(device)
     for key, tflops in GPU_PEAK_TFLOPS.items():
@@ -87,39 +104,58 @@ class MetricsLogger:
         replica_devices: int,
         world_size: int,
         resume_step: int = 0,
+        total_steps: int = 0,
     ):
         self.device = device
         self.flops_per_token = flops_per_token
         self.peak = peak
         self.replica_devices = replica_devices
         self.world_size = world_size
+        self.progress = Progress(total_steps, resume_step) if total_steps else None
+        self.writer = writer
+        self.dump_folder = Path(dump_folder)
+        self.tb_folder = tb_folder if enable_tensorboard else None
+        self.resume_step = resume_step
         self.jsonl = None
         self.tensorboard = None
-        if writer:
-            Path(dump_folder).mkdir(parents=True, exist_ok=True)
-            path = Path(dump_folder) / "metrics.jsonl"
-            if resume_step > 0:
-                self._truncate(path, resume_step)
-            self.jsonl = open(path, "a" if resume_step > 0 else "w")  # noqa: SIM115
-            if enable_tensorboard:
-                from torch.utils.tensorboard import SummaryWriter
-
-                # purge_step drops the events of the steps after resume_step the same way.
-                purge = resume_step + 1 if resume_step > 0 else None
-                self.tensorboard = SummaryWriter(Path(dump_folder) / tb_folder, purge_step=purge)
-            if resume_step > 0:
-                self.jsonl.write(json.dumps({"step": resume_step, "resumed": True}) + "\n")
+        self.warned_mfu = False
         self.reset()
+
+    def _open(self) -> None:
+        """Open the files at the first record, when the job has started: a job that fails
+        before (config, data, checkpoint loading) leaves an earlier run's metrics intact."""
+        self.dump_folder.mkdir(parents=True, exist_ok=True)
+        path = self.dump_folder / "metrics.jsonl"
+        resume_step = self.resume_step
+        if resume_step > 0:
+            self._truncate(path, resume_step)
+        self.jsonl = open(path, "a" if resume_step > 0 else "w")  # noqa: SIM115
+        if self.tb_folder is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step drops the events of the steps after resume_step the same way.
+            purge = resume_step + 1 if resume_step > 0 else None
+            self.tensorboard = SummaryWriter(self.dump_folder / self.tb_folder, purge_step=purge)
+        if resume_step > 0:
+            self.jsonl.write(json.dumps({"step": resume_step, "resumed": True}) + "\n")
 
     @staticmethod
     def _truncate(path: Path, resume_step: int) -> None:
         """A run resuming after ``resume_step`` continues the file from there: records of later
         steps (logged before a failure, and recomputed now) are dropped, so that every step
-        appears once, and a ``{"step": resume_step, "resumed": true}`` record marks the restart."""
+        appears once, and a ``{"step": resume_step, "resumed": true}`` record marks the restart.
+        A line cut short by a kill (the last one) is dropped with a warning."""
         if not path.exists():
             return
-        kept = [line for line in path.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] <= resume_step]
+        kept = []
+        for line_no, line in enumerate(path.read_text().splitlines(), 1):
+            try:
+                record = json.loads(line) if line.strip() else None
+            except json.JSONDecodeError:
+                logger.warning(f"{path}:{line_no}: dropped a torn record {line[:60]!r}")
+                continue
+            if record is not None and record["step"] <= resume_step:
+                kept.append(line)
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
         tmp.replace(path)
@@ -128,19 +164,34 @@ class MetricsLogger:
         self.window_start = time.perf_counter()
         self.tokens = 0
         self.data_seconds = 0.0
+        self.paused_seconds = {"checkpoint": 0.0, "validation": 0.0}
 
     def add_step(self, tokens: int, data_seconds: float) -> None:
         """Account one step's tokens (of this rank's replica) and its data-loading time."""
+        if self.progress is not None:
+            self.progress.step_started()
         self.tokens += tokens
         self.data_seconds += data_seconds
 
+    @contextlib.contextmanager
+    def paused(self, kind: str) -> Iterator[None]:
+        """Time spent outside training steps (``checkpoint`` saves, ``validation``): left out
+        of the window's throughput and recorded as ``<kind>_seconds`` instead."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.paused_seconds[kind] += time.perf_counter() - start
+
     def log(self, step: int, values: dict[str, Any], console: list[str] = ()) -> dict[str, Any]:
         """Write a training record: ``values`` (loss, grad_norm, lr, the model's own metrics
-        from components/model_hooks.py, ...) plus throughput; the ``console`` names among
+        from components/model_hooks.py, ...) plus throughput and, with ``total_steps``,
+        progress (``tokens_seen`` in values is shown when given); the ``console`` names among
         ``values`` are shown on the console line too."""
-        seconds = time.perf_counter() - self.window_start
+        seconds = time.perf_counter() - self.window_start - sum(self.paused_seconds.values())
         tps = self.tokens / seconds / self.replica_devices
         tflops = self.flops_per_token * tps / 1e12
+        progress = {} if self.progress is None else self.progress.fields(step)
         record = {
             "step": step,
             **values,
@@ -148,12 +199,18 @@ class MetricsLogger:
             "tokens_per_second_total": tps * self.world_size,
             "tflops": tflops,
             "mfu": 100 * tflops / self.peak if self.peak else None,
+            "mfu_peak_tflops": self.peak,
             "memory_gib": peak_memory_gib(self.device),
             "data_loading_percent": 100 * self.data_seconds / seconds,
+            **{f"{kind}_seconds": paused for kind, paused in self.paused_seconds.items()},
+            **progress,
         }
+        self._warn_if_mfu_over_100(record["mfu"])
         mfu = f"{record['mfu']:.2f}%" if record["mfu"] is not None else "n/a"
+        where = (f"step {step:5d}" if self.progress is None else
+                 self.progress.text(step, progress, values.get("tokens_seen")))
         logger.info(
-            f"step {step:5d}  loss {values['loss']:8.4f}  grad_norm {values['grad_norm']:7.4f}  "
+            f"{where}  loss {values['loss']:8.4f}  grad_norm {values['grad_norm']:7.4f}  "
             f"lr {values['lr']:.2e}  tps {tps:,.0f}  tflops {tflops:.3f}  mfu {mfu}  "
             f"memory {record['memory_gib']:.2f}GiB  data {record['data_loading_percent']:.1f}%"
             + "".join(f"  {name} {values[name]:.4g}" for name in console)
@@ -161,6 +218,12 @@ class MetricsLogger:
         self._write(step, record)
         self.reset()
         return record
+
+    def _warn_if_mfu_over_100(self, mfu: float | None) -> None:
+        if mfu is not None and mfu > 100 and not self.warned_mfu:
+            self.warned_mfu = True
+            logger.warning(f"MFU {mfu:.1f}% is over 100%: the peak of {self.peak:.3f} TFLOP/s "
+                           "is too low for this device; set [metrics] peak_tflops")
 
     def log_validation(self, step: int, loss: float) -> dict[str, Any]:
         perplexity = float(torch.tensor(loss).exp())
@@ -170,6 +233,8 @@ class MetricsLogger:
         return record
 
     def _write(self, step: int, record: dict[str, Any]) -> None:
+        if self.writer and self.jsonl is None:
+            self._open()
         if self.jsonl is not None:
             self.jsonl.write(json.dumps(record) + "\n")
             self.jsonl.flush()

@@ -7,13 +7,21 @@ Section and key names follow TorchTitan's TOML era; add fields freely, rename no
 """
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 DTypeName = Literal["float32", "bfloat16"]
 PipelineScheduleName = Literal[
     "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
     "DualPipeV",
 ]
+
+
+def ranged(default: Any, *, ge: float | None = None, gt: float | None = None,
+           le: float | None = None, lt: float | None = None) -> Any:
+    """A numeric field with the bounds its value must lie in (checked once, config/ranges.py).
+    Every float field must in any case be finite."""
+    bounds = {k: v for k, v in {"ge": ge, "gt": gt, "le": le, "lt": lt}.items() if v is not None}
+    return field(default=default, metadata={"range": bounds})
 
 
 @dataclass
@@ -48,19 +56,19 @@ class Optimizer:
     name: Literal["AdamW", "Adam"] = "AdamW"
     """Optimizer class from torch.optim."""
 
-    lr: float = 8e-4
+    lr: float = ranged(8e-4, gt=0)
     """Peak learning rate, reached at the end of warmup."""
 
-    beta1: float = 0.9
+    beta1: float = ranged(0.9, ge=0, lt=1)
     """Adam's first-moment decay."""
 
-    beta2: float = 0.95
+    beta2: float = ranged(0.95, ge=0, lt=1)
     """Adam's second-moment decay."""
 
-    eps: float = 1e-8
+    eps: float = ranged(1e-8, gt=0)
     """Adam's denominator epsilon."""
 
-    weight_decay: float = 0.1
+    weight_decay: float = ranged(0.1, ge=0)
     """Decoupled weight decay (AdamW) or L2 penalty (Adam)."""
 
     implementation: Literal["for-loop", "foreach", "fused"] = "foreach"
@@ -69,7 +77,7 @@ class Optimizer:
 
 @dataclass
 class LRScheduler:
-    warmup_steps: int = 200
+    warmup_steps: int = ranged(200, ge=0)
     """Steps of linear warmup from lr/(warmup_steps+1) to lr."""
 
     decay_ratio: float = -1.0
@@ -78,7 +86,7 @@ class LRScheduler:
     decay_type: Literal["linear", "sqrt", "cosine"] = "linear"
     """Shape of the decay phase."""
 
-    min_lr_factor: float = 0.0
+    min_lr_factor: float = ranged(0.0, ge=0, le=1)
     """Floor of the decay, as a fraction of lr."""
 
 
@@ -105,19 +113,19 @@ class Training:
     holdout_every: int = 50
     """Every Nth document is kept out of training for validation; 0 = no held-out split."""
 
-    local_batch_size: int = 8
+    local_batch_size: int = ranged(8, ge=1)
     """Sequences per microbatch on each data-parallel rank."""
 
     global_batch_size: int = -1
     """Sequences per optimizer step over all ranks; a multiple of local x DP gives accumulation."""
 
-    seq_len: int = 2048
+    seq_len: int = ranged(2048, ge=1)
     """Tokens per sequence."""
 
-    steps: int = 10000
+    steps: int = ranged(10000, ge=1)
     """Optimizer steps to train for."""
 
-    max_norm: float = 1.0
+    max_norm: float = ranged(1.0, ge=0)
     """Gradient-norm clipping threshold; 0 disables clipping (the norm is still reported)."""
 
     dtype: DTypeName = "float32"
@@ -177,10 +185,10 @@ class Parallelism:
     pipeline_parallel_stages_per_rank: int = 0
     """Stages (virtual stages) each PP rank holds; 0 = 1 for GPipe/1F1B, 2 for the others."""
 
-    pipeline_parallel_embedding_weight: float = 1.0
+    pipeline_parallel_embedding_weight: float = ranged(1.0, ge=0)
     """Cost of the token embedding in transformer layers, when balancing layers over stages."""
 
-    pipeline_parallel_output_weight: float = 1.0
+    pipeline_parallel_output_weight: float = ranged(1.0, ge=0)
     """Cost of the final norm + output head in transformer layers, when balancing stages."""
 
     pipeline_parallel_module_fqns_per_stage: list[str] = field(default_factory=list)
@@ -281,8 +289,11 @@ class Checkpoint:
     last_save_model_only: bool = False
     """Save only the model weights (in export_dtype) after the last step, not a resumable state."""
 
+    last_save_in_hf: bool = False
+    """Also write the last save as a HuggingFace folder step-N-hf (weights in export_dtype)."""
+
     export_dtype: DTypeName = "float32"
-    """Dtype of the weights of a model-only last save (needs last_save_model_only)."""
+    """Dtype of the weights of a model-only or HuggingFace last save (needs one of them)."""
 
     create_seed_checkpoint: bool = False
     """Save the initial weights as step-0 and exit (NPROC=1): every layout then starts alike."""
@@ -296,7 +307,7 @@ class Checkpoint:
 
 @dataclass
 class Metrics:
-    log_freq: int = 10
+    log_freq: int = ranged(10, ge=1)
     """Log (console, TensorBoard, metrics.jsonl) every this many steps; the first step always."""
 
     enable_tensorboard: bool = False
@@ -305,7 +316,7 @@ class Metrics:
     save_tb_folder: str = "tb"
     """TensorBoard folder, relative to dump_folder."""
 
-    peak_tflops: float = 0.0
+    peak_tflops: float = ranged(0.0, ge=0)
     """Peak dense TFLOP/s of one device for MFU; 0 = GPU from the known table, CPU measured."""
 
 
@@ -314,10 +325,10 @@ class Validation:
     enable: bool = False
     """Evaluate on the held-out split (see training.holdout_every)."""
 
-    freq: int = 100
+    freq: int = ranged(100, ge=1)
     """Validate every this many steps (and after the last step)."""
 
-    steps: int = 10
+    steps: int = ranged(10, ge=1)
     """Batches per validation pass; every pass reads the same ones, so passes compare."""
 
 

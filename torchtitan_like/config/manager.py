@@ -16,12 +16,15 @@ import importlib.util
 import inspect
 import itertools
 import sys
+import traceback
 import typing
 from pathlib import Path
 from typing import Any, Literal
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
+from torchtitan_like.config.ranges import out_of_range
+from torchtitan_like.config.torchtitan_keys import torchtitan_hint, value_hint
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -172,30 +175,56 @@ def _split_cli(argv: list[str]) -> list[tuple[str, str | None]]:
     return pairs
 
 
+def _unknown_section(section: str, values: dict[str, Any], origin: str,
+                     known: typing.Iterable[str]) -> list[str]:
+    """The problems of a section we do not have: a TorchTitan hint for it or its keys, else
+    the closest section name."""
+    if hint := torchtitan_hint(section):
+        return [f"unknown config section [{section}] in {origin}: {hint}"]
+    key_hints = [(key, torchtitan_hint(section, key)) for key in values]
+    if any(hint for _, hint in key_hints):
+        return [f"[{section}] {key} ({origin}): {hint or 'not a key here'}"
+                for key, hint in key_hints]
+    return [f"unknown config section [{section}] in {origin}{did_you_mean(section, known)}"]
+
+
+def _unknown_key(section: str, key: str, origin: str, keys: typing.Iterable[str]) -> str:
+    hint = torchtitan_hint(section, key)
+    return (f"unknown key '{key}' in section [{section}] ({origin})"
+            + (f": {hint}" if hint else did_you_mean(key, keys)))
+
+
 def _build(layers: list[tuple[str, dict[str, dict[str, Any]], bool]]) -> JobConfig:
-    """Apply override layers (origin, {section: {key: value}}, from_cli) onto the defaults."""
+    """Apply override layers (origin, {section: {key: value}}, from_cli) onto the defaults.
+    Every unknown key, wrong type and out-of-range number is collected into one error."""
     config = JobConfig()
     known = sections()
+    problems: list[str] = []
     for origin, layer, from_cli in layers:
         for section, values in layer.items():
             if section not in known:
-                raise ConfigError(
-                    f"unknown config section [{section}] in {origin}{did_you_mean(section, known)}"
-                )
+                problems += _unknown_section(section, values, origin, known)
+                continue
             target = getattr(config, section)
             hints = typing.get_type_hints(known[section])
             for key, value in values.items():
                 if key not in hints:
-                    raise ConfigError(
-                        f"unknown key '{key}' in section [{section}] ({origin})"
-                        + did_you_mean(key, hints)
-                    )
+                    problems.append(_unknown_key(section, key, origin, hints))
+                    continue
                 where = f"[{section}] {key} ({origin})"
-                if value is None:  # a bare --flag
-                    if hints[key] is not bool:
-                        raise ConfigError(f"{where}: needs a value of type {type_name(hints[key])}")
-                    value = True
-                setattr(target, key, _coerce(value, hints[key], where, from_cli))
+                try:
+                    if value is None:  # a bare --flag
+                        if hints[key] is not bool:
+                            raise ConfigError(
+                                f"{where}: needs a value of type {type_name(hints[key])}")
+                        value = True
+                    setattr(target, key, _coerce(value, hints[key], where, from_cli))
+                except ConfigError as e:
+                    problems.append(str(e) + value_hint(section, key, value))
+    problems += out_of_range(config)
+    if problems:
+        raise ConfigError(problems[0] if len(problems) == 1 else
+                          f"{len(problems)} problems:\n  " + "\n  ".join(problems))
     return config
 
 
@@ -219,6 +248,17 @@ def import_custom_modules(names: list[str]) -> None:
                 importlib.import_module(name)
         except (ImportError, FileNotFoundError) as e:
             raise ConfigError(f"[job] custom_import: cannot import {name!r}: {e}") from e
+        except Exception as e:  # the module's own code failed: name the file and line
+            raise ConfigError(f"[job] custom_import: {name!r} failed at {_failing_line(e)}: "
+                              f"{type(e).__name__}: {e}") from e
+
+
+def _failing_line(error: BaseException) -> str:
+    """``file:line`` of a SyntaxError, else of the innermost frame of the traceback."""
+    if isinstance(error, SyntaxError):
+        return f"{error.filename}:{error.lineno}"
+    frame = traceback.extract_tb(error.__traceback__)[-1]
+    return f"{frame.filename}:{frame.lineno}"
 
 
 def build_job_config(argv: list[str]) -> JobConfig:

@@ -42,3 +42,8 @@ def build_dataloader(
         name=config.dataset_path or config.dataset,
     )
     return StatefulDataLoader(dataset, batch_size=config.local_batch_size, num_workers=0)
+
+
+def data_epoch(loader: StatefulDataLoader | TokenizedLoader) -> int:
+    """The pass over the training data the next sample comes from (0 = the first pass)."""
+    return loader.epoch if isinstance(loader, TokenizedLoader) else loader.dataset.epoch

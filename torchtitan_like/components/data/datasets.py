@@ -26,6 +26,7 @@ from torch.utils.data import IterableDataset
 
 from torchtitan_like.components.data.sources import DataError, DocumentSource
 from torchtitan_like.components.data.tokenizer import Tokenizer
+from torchtitan_like.logging import logger
 
 Split = Literal["train", "validation"]
 
@@ -92,6 +93,9 @@ class PackedDataset(IterableDataset):
             if not found:
                 raise DataError(f"{self.name}: the {self.split} split has no documents")
             epoch, start = epoch + 1, 0
+            if self.split == "train":
+                logger.info(f"{self.name}: every training document seen; epoch {epoch} "
+                            f"(pass {epoch + 1} over the data) begins")
 
     def _samples(self, position: StreamPosition) -> Iterator[tuple[list[int], StreamPosition]]:
         """Samples of seq_len + 1 tokens from ``position`` on, each with the position after it."""
@@ -124,6 +128,11 @@ class PackedDataset(IterableDataset):
                     self._position, self._taken = after, 0
                 t = torch.tensor(sample, dtype=torch.long)
                 yield t[:-1], t[1:]
+
+    @property
+    def epoch(self) -> int:
+        """Passes over the split completed where the current batch starts (0 in the first)."""
+        return self._position.epoch
 
     def state_dict(self) -> dict[str, Any]:
         return {"position": dataclasses.asdict(self._position), "taken": self._taken,

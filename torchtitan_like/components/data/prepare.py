@@ -32,7 +32,7 @@ from torchtitan_like.components.data.prepared import (
     token_dtype,
     tokenizer_identity,
 )
-from torchtitan_like.components.data.sources import DataError, _local_documents, data_files
+from torchtitan_like.components.data.sources import DataError, data_files, local_documents
 from torchtitan_like.components.data.tokenizer import Tokenizer, build_tokenizer
 
 CHUNK_DOCUMENTS = 256
@@ -173,7 +173,7 @@ def prepare(inputs: list[Path], tokenizer_path: str, out: Path, *, text_field: s
     out.mkdir(parents=True, exist_ok=True)
     dtype = token_dtype(tokenizer.vocab_size)
     meter = _Progress(input_bytes, progress)
-    documents = _local_documents(files, text_field)
+    documents = local_documents(files, text_field)
     chunks = _tokenized_chunks(documents, tokenizer_path, dtype.name, workers or os.cpu_count()
                                or 1)
     splits = _write_splits(out, chunks, holdout_every, meter)

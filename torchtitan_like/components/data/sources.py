@@ -80,7 +80,7 @@ def _parquet_documents(path: Path, field: str) -> Iterator[str]:
         yield from (text for text in batch.column(0).to_pylist() if text is not None)
 
 
-def _local_documents(files: list[Path], field: str) -> Iterator[str]:
+def local_documents(files: list[Path], field: str) -> Iterator[str]:
     for path in files:
         if path.suffix == ".txt":
             yield path.read_text(encoding="utf-8", errors="replace")
@@ -109,4 +109,4 @@ def build_document_source(dataset: str, dataset_path: str, text_field: str) -> D
     if dataset == "cpython_docs":
         return lambda: iter(cpython_documents())
     files = check_dataset_path(dataset_path)
-    return functools.partial(_local_documents, files, text_field)
+    return functools.partial(local_documents, files, text_field)

@@ -126,6 +126,14 @@ class TokenizedLoader:
                 self.tokens[self.schedule.next()] += self.seq_len
             yield batch
 
+    @property
+    def epoch(self) -> int:
+        """The pass over the data the stream is in: that of the source furthest along (with a
+        mixture, the sources repeat at different times)."""
+        return max((source.origin + taken * source.sample_len) // split.num_tokens
+                   for source, split, taken in zip(self.sources, self.splits,
+                                                   self.schedule.counts, strict=True))
+
     def bytes_read(self) -> int:
         """Bytes this process read from the token files (with workers: only its own reads)."""
         return sum(s.bytes_read for s in self.splits)

@@ -81,3 +81,8 @@ def build_tokenizer(tokenizer_path: str) -> Tokenizer:
         raise ConfigError(
             "[model] tokenizer_path needs the `tokenizers` package: pip install -e '.[hf]'"
         ) from e
+    except ConfigError:
+        raise
+    except Exception as e:  # tokenizers raises a bare Exception for a corrupt file
+        raise ConfigError(f"[model] tokenizer_path: {path} is not a readable tokenizer.json "
+                          f"({' '.join(str(e).split())})") from e

@@ -110,7 +110,8 @@ class Llama3HFAdapter:
         }
 
     def check_config(self, hf_config: dict[str, Any]) -> None:
-        """ValueError naming every field where an HF config.json differs from ``args``."""
+        """ValueError naming every shape- or function-defining field where an HF config.json
+        differs from ``args`` (a differing norm epsilon or activation computes another model)."""
         rope = hf_config.get("rope_scaling") or hf_config.get("rope_parameters") or {}
         theta = hf_config.get("rope_theta", rope.get("rope_theta"))
         scaling = None
@@ -134,6 +135,13 @@ class Llama3HFAdapter:
             "rope_scaling": (a.rope_scaling, scaling),
             "tie_word_embeddings": (a.tie_word_embeddings,
                                     hf_config.get("tie_word_embeddings", False)),
+            # The defaults are LlamaConfig's, for config.json files that leave them out.
+            "head_dim": (a.head_dim, hf_config.get("head_dim") or (
+                hf_config.get("hidden_size", 0) // hf_config.get("num_attention_heads", 1))),
+            "rms_norm_eps": (a.norm_eps, hf_config.get("rms_norm_eps", 1e-6)),
+            "hidden_act": ("silu", hf_config.get("hidden_act", "silu")),
+            "attention_bias": (False, hf_config.get("attention_bias", False)),
+            "mlp_bias": (False, hf_config.get("mlp_bias", False)),
         }
         differ = [f"{k}: HF {theirs}, ours {ours}" for k, (ours, theirs) in expected.items()
                   if ours != theirs]

@@ -1,0 +1,73 @@
+"""Start-up checks of the training data, so that a bad dataset is one line before the job
+starts rather than a traceback at step 1 (or at the first validation, steps later).
+
+Each check reads only as far as it must: every file up to its first non-empty document (which
+proves it readable, in a supported format, with the text field), and the first
+``holdout_every`` documents when validation needs a held-out split. A malformed record further
+into a file is still found only when training reaches it (with its file and line).
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+from torchtitan_like.components.data.sources import (
+    DataError,
+    build_document_source,
+    check_dataset_path,
+    cpython_documents,
+    local_documents,
+)
+from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.config.job_config import Training
+
+
+def _check_file(path: Path, text_field: str) -> None:
+    try:
+        if not any(text.strip() for text in local_documents([path], text_field)):
+            raise ConfigError(f"[training] dataset_path: {path} holds no non-empty document")
+    except (DataError, OSError, UnicodeError) as e:
+        raise ConfigError(f"[training] dataset_path: {e}") from e
+
+
+def _check_held_out(training: Training) -> None:
+    """The held-out split is documents holdout_every-1, 2*holdout_every-1, ...: it is empty
+    when the dataset has fewer than holdout_every documents."""
+    source = build_document_source(training.dataset, training.dataset_path,
+                                   training.dataset_text_field)
+    try:
+        count = sum(1 for _ in itertools.islice(source(), training.holdout_every))
+    except (DataError, OSError, UnicodeError) as e:
+        raise ConfigError(f"[training] dataset_path: {e}") from e
+    if count < training.holdout_every:
+        name = training.dataset_path or training.dataset
+        raise ConfigError(
+            f"[validation] enable: the held-out split is empty: {name} has {count} "
+            f"document(s) and [training] holdout_every = {training.holdout_every} holds out "
+            "every holdout_every-th; lower holdout_every or set [validation] enable = false")
+
+
+def check_data(training: Training, validation: bool) -> None:
+    """ConfigError unless every source is readable with the text field and holds a non-empty
+    document, and (``validation``) the held-out split has a document. Prepared (tokenized)
+    folders are checked against their manifest by tokenized.validate_data_options."""
+    if training.dataset == "tokenized":
+        return
+    if training.dataset == "local":
+        for path in check_dataset_path(training.dataset_path):
+            _check_file(path, training.dataset_text_field)
+    if validation:
+        _check_held_out(training)
+
+
+def describe_data(training: Training) -> str:
+    """The dataset and its size, as far as it is cheap to know (no file is read)."""
+    if training.dataset == "cpython_docs":
+        docs = cpython_documents()
+        return f"cpython_docs ({len(docs):,} documents, {sum(map(len, docs)) / 1e6:.1f} M chars)"
+    if training.dataset == "tokenized":
+        return f"{training.dataset_path} (prepared tokens, see its manifest.json)"
+    files = check_dataset_path(training.dataset_path)
+    size = sum(path.stat().st_size for path in files)
+    return f"{training.dataset_path} ({len(files)} file(s), {size / 2**20:.1f} MiB on disk)"
