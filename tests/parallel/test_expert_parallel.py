@@ -45,6 +45,8 @@ TWO = {
 FOUR = {
     "hsdp_2x2_ep2": ep(2, "--parallelism.data_parallel_replicate_degree", "2", *LOCAL1),
     "fsdp4_ep2": ep(2, *LOCAL1),  # experts FSDP-sharded over the 2 ranks that share them
+    "pp2_ep2": ep(2, "--parallelism.pipeline_parallel_degree", "2",  # 1F1B, 2 microbatches
+                  "--parallelism.pipeline_parallel_microbatch_size", "1"),
 }
 RESUMED = ["ep2_from_one", "one_from_ep2"]
 
