@@ -86,7 +86,9 @@ def test_matches_one_process(runs, case):
     records, biases = runs
     assert len(losses(records[case])) == STEPS
     assert_close(losses(records[case]), losses(records["reference"]), TOL)
-    assert biases[case] == biases["reference"]
+    # Rank 0 records the MoE layers it holds: all of them, or under PP its stage's (the first).
+    held = len(biases[case][0])
+    assert held >= 1 and biases[case] == [step[:held] for step in biases["reference"]]
 
 
 def test_auxiliary_loss_matches_one_process(runs):
