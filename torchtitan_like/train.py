@@ -37,9 +37,10 @@ from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.distributed import context_parallel, pipeline
 from torchtitan_like.distributed import utils as dist_utils
 from torchtitan_like.distributed.compile import maybe_compile_loss, set_inductor_cache
+from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.logging import init_logger, logger
 from torchtitan_like.models.registry import model_spec_and_args
-from torchtitan_like.validate import grad_accumulation_steps, parallel_dims_of, parse_args
+from torchtitan_like.validate import grad_accumulation_steps, parse_args
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -55,7 +56,7 @@ class Trainer:
         training = config.training
 
         # 1. Mesh, then the same seed everywhere.
-        self.parallel_dims = parallel_dims_of(config, dist.get_world_size())
+        self.parallel_dims = ParallelDims.from_config(config, dist.get_world_size())
         self.meshes = self.parallel_dims.build_meshes(device.type)
         dist_utils.set_determinism(config.debug.seed, config.debug.deterministic)
         set_inductor_cache(config.compile, self.meshes)
@@ -160,7 +161,7 @@ class Trainer:
         )
 
     def state_dict(self) -> dict[str, int]:
-        """The trainer's own part of a checkpoint (components/checkpoint.py adds RNG states)."""
+        """The trainer's own part of a checkpoint (checkpoint/states.py adds RNG states)."""
         return {"step": self.step, "tokens_seen": self.tokens_seen}
 
     def load_state_dict(self, state: dict[str, int]) -> None:

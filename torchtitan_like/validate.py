@@ -27,6 +27,8 @@ from torchtitan_like.config.manager import (
 from torchtitan_like.distributed import context_parallel, tensor_parallel
 from torchtitan_like.distributed.activation_checkpoint import every_nth_layer
 from torchtitan_like.distributed.expert_layout import validate_expert_layout
+from torchtitan_like.distributed.gpu_check import require_usable_gpus
+from torchtitan_like.distributed.layout_rules import accumulation_steps
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.pipeline import validate_pipeline
 from torchtitan_like.distributed.utils import device_type
@@ -38,34 +40,10 @@ def _require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def parallel_dims_of(config: JobConfig, world_size: int):
-    p = config.parallelism
-    return ParallelDims.resolve(
-        world_size,
-        dp_replicate=p.data_parallel_replicate_degree,
-        dp_shard=p.data_parallel_shard_degree,
-        cp=p.context_parallel_degree,
-        tp=p.tensor_parallel_degree,
-        enable_loss_parallel=not p.disable_loss_parallel,
-        pp=p.pipeline_parallel_degree,
-        ep=p.expert_parallel_degree,
-        etp=p.expert_tensor_parallel_degree,
-    )
-
-
 def grad_accumulation_steps(config: JobConfig, dp_degree: int) -> int:
     """Microbatches per optimizer step on each rank: global / (local x dp)."""
     t = config.training
-    per_microbatch = t.local_batch_size * dp_degree
-    if t.global_batch_size == -1:
-        return 1
-    _require(
-        t.global_batch_size % per_microbatch == 0,
-        f"[training] global_batch_size = {t.global_batch_size} must be a multiple of "
-        f"local_batch_size x data-parallel degree = {t.local_batch_size} x {dp_degree} = "
-        f"{per_microbatch} (the multiple is the number of accumulated microbatches)",
-    )
-    return t.global_batch_size // per_microbatch
+    return accumulation_steps(t.global_batch_size, t.local_batch_size, dp_degree)
 
 
 def _validate_numbers(config: JobConfig) -> None:
@@ -83,13 +61,14 @@ def _validate_numbers(config: JobConfig) -> None:
 
 
 def validate(config: JobConfig, world_size: int) -> None:
+    require_usable_gpus()  # before device_type() below could quietly pick the CPU
     _validate_numbers(config)
     ac = config.activation_checkpoint
     if ac.mode == "selective" and ac.selective_ac_option != "op":
         every_nth_layer(ac.selective_ac_option)
     float8.validate(config.float8, device_type())
     profiling.validate(config.profiling, device_type())
-    parallel_dims = parallel_dims_of(config, world_size)
+    parallel_dims = ParallelDims.from_config(config, world_size)
     grad_accumulation_steps(config, parallel_dims.dp)
     tensor_parallel.validate(config, parallel_dims)
     spec, args = model_spec_and_args(config)

@@ -10,7 +10,7 @@ from torchtitan_like.distributed import context_parallel, cp_cpu_sdpa
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.models import registry
 from torchtitan_like.models.llama3 import Llama3Args, Transformer, llama3_flavors, parallelize_llama
-from torchtitan_like.validate import parallel_dims_of, parse_args
+from torchtitan_like.validate import parse_args
 
 TINY = ["--model.flavor", "tiny", "--training.seq_len", "64"]
 
@@ -24,12 +24,13 @@ def test_fields_are_documented_and_reach_parallel_dims():
     for name in ("context_parallel_degree", "context_parallel_rotate_method",
                  "context_parallel_load_balancer"):
         assert docs[name]
-    dims = parallel_dims_of(parse_args(cp(2), 4), 4)
+    dims = ParallelDims.from_config(parse_args(cp(2), 4), 4)
     assert (dims.cp, dims.dp_shard, dims.dp, dims.cp_enabled) == (2, 2, 2, True)
     assert dims.non_data_parallel_size == 2 and dims.fsdp_enabled
-    dims = parallel_dims_of(parse_args(cp(2, "--parallelism.tensor_parallel_degree", "2"), 4), 4)
+    config = parse_args(cp(2, "--parallelism.tensor_parallel_degree", "2"), 4)
+    dims = ParallelDims.from_config(config, 4)
     assert (dims.cp, dims.tp, dims.dp_shard) == (2, 2, 1)
-    assert not parallel_dims_of(parse_args(TINY, 2), 2).cp_enabled
+    assert not ParallelDims.from_config(parse_args(TINY, 2), 2).cp_enabled
 
 
 def test_rotate_method_is_a_choice():

@@ -144,7 +144,7 @@ EXPLICIT = "--parallelism.pipeline_parallel_module_fqns_per_stage="
           "--parallelism.pipeline_parallel_stages_per_rank=1"], 2,
          r"'LoopedBFS' interleaves several stages per rank, but 1"),
         (["--parallelism.pipeline_parallel_stages_per_rank=-1"], 2, r"stages_per_rank: must be"),
-        (["--parallelism.pipeline_parallel_output_weight=-1"], 2, r"_output_weight: must be >= 0"),
+        (["--parallelism.pipeline_parallel_output_weight=-1"], 2, r"weight = -1.0: must be >= 0"),
         # what cannot run two backward passes through one graph (zero-bubble schedules)
         (["--parallelism.pipeline_parallel_schedule=ZBVZeroBubble", "--training.local_batch_size=4",
           "--activation_checkpoint.mode=selective"], 2, r"op-level selective activation"),

@@ -8,6 +8,7 @@ formulas. The seed examples are the issue's: 70B on 15T tokens at 40% MFU on H10
 """
 
 import dataclasses
+import itertools
 import json
 
 import pytest
@@ -203,13 +204,14 @@ def test_llama3_405b_8k_layout_fits():
 def test_invalid_layouts_explain_themselves():
     m, cluster = shape("8B"), Cluster(H100, 8, 1)
     work = Workload(seq_len=4096, global_batch=8)
-    with pytest.raises(LayoutError, match="tp 3 does not divide n_heads"):
-        plan(m, Cluster(H100, 3, 1), work, Layout(tp=3))
+    # The trainer's own rules and messages (distributed/layout_rules.py).
+    with pytest.raises(LayoutError, match=r"n_heads = 32 is not divisible by .*degree = 3"):
+        plan(m, Cluster(H100, 3, 1), Workload(seq_len=4095, global_batch=8), Layout(tp=3))
     with pytest.raises(LayoutError, match="uses 4 GPUs, the cluster has 8"):
         plan(m, cluster, work, Layout(dp_shard=4))
-    with pytest.raises(LayoutError, match="not a multiple of dp x local_batch_size"):
+    with pytest.raises(LayoutError, match="must be a multiple of local_batch_size x data-par"):
         plan(m, cluster, Workload(seq_len=4096, global_batch=12), Layout(dp_shard=8))
-    with pytest.raises(LayoutError, match="needs at least 4 microbatches"):
+    with pytest.raises(LayoutError, match="needs at least as many microbatches as stages"):
         plan(m, cluster, Workload(seq_len=4096, global_batch=2), Layout(pp=4, dp_shard=2))
     with pytest.raises(ValueError, match="use none, op, full or a number"):
         plan(m, cluster, work, Layout(dp_shard=8, ac="sometimes"))
@@ -220,8 +222,9 @@ def test_search_ranks_fitting_layouts():
                    top=4)
     assert 1 <= len(plans) <= 4
     assert all(p.fits and p.layout.tp <= 8 and p.layout.num_gpus == 32 for p in plans)
-    estimates = [p.mfu_estimate for p in plans]
-    assert estimates == sorted(estimates, reverse=True)
+    # Fastest first, except that a simpler layout within 3% may go ahead.
+    for a, b in itertools.pairwise(plans):
+        assert a.step_seconds <= b.step_seconds * 1.03 + 1e-9
 
 
 def test_from_job_config_reads_the_debug_config():
@@ -247,7 +250,8 @@ def test_from_job_config_reads_the_pipeline_and_tp_fields():
     _, work, layout = from_job_config(config, 4)
     assert (layout.pp, layout.tp, layout.loss_parallel) == (2, 2, False)
     # Multi-stage schedules are modelled as interleaved 1F1B with their stages per rank.
-    assert (layout.pp_schedule, layout.pp_virtual_stages) == ("Interleaved1F1B", 2)
+    assert (layout.modelled_schedule, layout.stages_per_rank) == ("Interleaved1F1B", 2)
+    assert layout.pp_schedule == "LoopedBFS"  # the trainer's rules see the real schedule
     # A step of 8 sequences: one schedule step of 4 microbatches of 2.
     assert (layout.local_batch_size, layout.pp_microbatches, work.global_batch) == (2, 4, 8)
     assert layout.pp_embedding_weight == 0.5

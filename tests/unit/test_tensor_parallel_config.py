@@ -14,7 +14,7 @@ from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.tensor_parallel import maybe_enable_async_tp
 from torchtitan_like.logging import logger
 from torchtitan_like.models.llama3 import Llama3Args
-from torchtitan_like.validate import parallel_dims_of, parse_args
+from torchtitan_like.validate import parse_args
 
 TINY = ["--model.flavor", "tiny", "--training.seq_len", "64"]
 
@@ -28,11 +28,11 @@ def test_fields_are_documented_and_reach_parallel_dims():
     for name in ("tensor_parallel_degree", "disable_loss_parallel",
                  "enable_async_tensor_parallel"):
         assert docs[name]
-    dims = parallel_dims_of(parse_args(tp(2), 4), 4)
+    dims = ParallelDims.from_config(parse_args(tp(2), 4), 4)
     assert (dims.tp, dims.dp_shard, dims.loss_parallel_enabled) == (2, 2, True)
-    dims = parallel_dims_of(parse_args(tp(2, "--parallelism.disable_loss_parallel"), 2), 2)
+    dims = ParallelDims.from_config(parse_args(tp(2, "--parallelism.disable_loss_parallel"), 2), 2)
     assert (dims.tp, dims.loss_parallel_enabled) == (2, False)
-    assert not parallel_dims_of(parse_args(TINY, 2), 2).loss_parallel_enabled  # no TP
+    assert not ParallelDims.from_config(parse_args(TINY, 2), 2).loss_parallel_enabled  # no TP
 
 
 @pytest.mark.parametrize("degree, world, field", [

@@ -61,6 +61,7 @@ from torch.distributed.tensor.experimental._attention import _cp_options, set_ro
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.distributed import cp_cpu_sdpa
+from torchtitan_like.distributed.layout_rules import check_context_parallel
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.utils import device_type
 
@@ -84,20 +85,7 @@ def validate(config: JobConfig, parallel_dims: ParallelDims, model_supports_cp: 
             "indexed by position, and needs causal SDPA attention, which it replaces by ring "
             "attention); set context_parallel_degree = 1"
         )
-    seq_len = config.training.seq_len
-    chunks = 2 * cp if p.context_parallel_load_balancer == "headtail" else cp
-    if seq_len % chunks:
-        raise ConfigError(
-            f"[training] seq_len = {seq_len} must be divisible by {chunks} for {degree}"
-            + (f" with the headtail load balancer (2 x {cp} chunks of equal length)"
-               if chunks > cp else "")
-        )
-    if tp > 1 and (seq_len // cp) % tp:
-        raise ConfigError(
-            f"[training] seq_len = {seq_len}: each of the {cp} CP ranks holds {seq_len // cp} "
-            f"tokens, which sequence parallel splits over [parallelism] tensor_parallel_degree "
-            f"= {tp}; choose seq_len divisible by {cp} x {tp} (and by {chunks})"
-        )
+    check_context_parallel(cp, tp, config.training.seq_len, p.context_parallel_load_balancer)
     if device_type() == "cpu" and (reason := cp_cpu_sdpa.check_supported()):
         raise ConfigError(f"{degree}: {reason}")
 

@@ -18,11 +18,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed.expert_layout import expert_mesh
+from torchtitan_like.distributed.utils import follow_world_timeout
+
+if TYPE_CHECKING:
+    from torchtitan_like.config.job_config import JobConfig
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
@@ -86,6 +91,22 @@ class ParallelDims:
                    world_size=world_size, enable_loss_parallel=enable_loss_parallel,
                    ep=ep, etp=etp)
 
+    @classmethod
+    def from_config(cls, config: JobConfig, world_size: int) -> ParallelDims:
+        """The degrees of ``[parallelism]`` on ``world_size`` ranks."""
+        p = config.parallelism
+        return cls.resolve(
+            world_size,
+            dp_replicate=p.data_parallel_replicate_degree,
+            dp_shard=p.data_parallel_shard_degree,
+            cp=p.context_parallel_degree,
+            tp=p.tensor_parallel_degree,
+            enable_loss_parallel=not p.disable_loss_parallel,
+            pp=p.pipeline_parallel_degree,
+            ep=p.expert_parallel_degree,
+            etp=p.expert_tensor_parallel_degree,
+        )
+
     @property
     def dp(self) -> int:
         """Data-parallel degree: model replicas reading different data."""
@@ -126,7 +147,7 @@ class ParallelDims:
         pp, tp = self.pp, self.tp
         fsdp = world._unflatten(0, (pp, self.dp_replicate, self.dp_shard * self.cp, tp),
                                 ("pp", "dp_replicate", "dp_shard_cp", "tp"))
-        return Meshes(
+        meshes = Meshes(
             dense=dense,
             dp=world._unflatten(0, (pp, self.dp, self.cp, tp), ("pp", "dp", "cp", "tp"))["dp"],
             dp_cp=world._unflatten(0, (pp, self.dp * self.cp, tp), ("pp", "dp_cp", "tp"))["dp_cp"],
@@ -134,6 +155,8 @@ class ParallelDims:
             else fsdp["dp_shard_cp"],
             expert=expert_mesh(world, self),
         )
+        follow_world_timeout([meshes.dense, meshes.dp, meshes.dp_cp, meshes.fsdp, meshes.expert])
+        return meshes
 
 
 @dataclasses.dataclass(frozen=True)

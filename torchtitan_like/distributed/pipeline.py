@@ -66,13 +66,12 @@ from torch.distributed.pipelining.schedules import (
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig, Parallelism
+from torchtitan_like.distributed import layout_rules
 from torchtitan_like.logging import logger
 
 if typing.TYPE_CHECKING:
     from torchtitan_like.models.registry import PipeliningFn
 
-V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
-"""Schedules placing exactly two stages on each rank, stage r and stage 2p - 1 - r."""
 SPLIT_BACKWARD = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 """Schedules splitting each backward into an input-gradient and a weight-gradient pass, i.e.
 two backward calls through one retained graph."""
@@ -100,10 +99,8 @@ def num_stages(p: Parallelism) -> int:
 def stage_ids(pp_rank: int, p: Parallelism) -> list[int]:
     """The stages rank ``pp_rank`` holds, in execution order: looped (r, r + p, r + 2p, ...)
     or, for V-shaped schedules, r and 2p - 1 - r."""
-    pp = p.pipeline_parallel_degree
-    if p.pipeline_parallel_schedule in V_SHAPED:
-        return [pp_rank, 2 * pp - 1 - pp_rank]
-    return [pp_rank + i * pp for i in range(stages_per_rank(p))]
+    return layout_rules.stage_ids(pp_rank, p.pipeline_parallel_degree, stages_per_rank(p),
+                                  p.pipeline_parallel_schedule)
 
 
 def num_microbatches(config: JobConfig) -> int:
@@ -134,17 +131,8 @@ def validate_pipeline(config: JobConfig) -> None:
                  f"{p.pipeline_parallel_stages_per_rank} contradicts the {len(fqns)} stages of "
                  f"pipeline_parallel_module_fqns_per_stage over {pp} ranks; set it to 0")
     v = stages_per_rank(p)
+    layout_rules.check_stages_per_rank(schedule, v, is_single_stage(schedule))
     where = f"[parallelism] pipeline_parallel_schedule = {schedule!r}"
-    if is_single_stage(schedule):
-        _require(v == 1, f"{where} runs one stage per rank, but {v} are configured; use a "
-                 "multi-stage schedule (e.g. Interleaved1F1B) or one stage per rank")
-    elif schedule in V_SHAPED:
-        _require(v == 2, f"{where} needs exactly 2 stages per rank (stages r and 2p-1-r on "
-                 f"rank r), but {v} are configured")
-    else:
-        _require(v >= 2, f"{where} interleaves several stages per rank, but 1 is configured; "
-                 "use 1F1B for one stage per rank")
-
     if schedule in SPLIT_BACKWARD:
         ac, compile_ = config.activation_checkpoint, config.compile
         split = (f"{where} splits each backward into input- and weight-gradient passes "
@@ -159,27 +147,8 @@ def validate_pipeline(config: JobConfig) -> None:
                  "call, and with donated buffers off the weight gradients come out wrong); "
                  f"remove model from [compile] components, {other}")
 
-    mbs = p.pipeline_parallel_microbatch_size
-    _require(mbs >= 1, f"[parallelism] pipeline_parallel_microbatch_size = {mbs}: must be >= 1")
-    _require(t.local_batch_size % mbs == 0,
-             f"[training] local_batch_size = {t.local_batch_size} must be divisible by "
-             f"[parallelism] pipeline_parallel_microbatch_size = {mbs} (each pipeline step cuts "
-             "the local batch into microbatches of that size)")
-    m, stages = num_microbatches(config), pp * v
-    counts = (f"local_batch_size {t.local_batch_size} / pipeline_parallel_microbatch_size "
-              f"{mbs} = {m} microbatch(es)")
-    fix = "raise [training] local_batch_size or lower the microbatch size"
-    if schedule == "1F1B":
-        _require(m >= pp, f"{where} needs at least as many microbatches as stages "
-                 f"({pp}), but {counts}; {fix}")
-    elif schedule == "DualPipeV":
-        _require(m >= stages, f"{where} needs at least as many microbatches as stages "
-                 f"({stages} = 2 x {pp}), but {counts}; {fix}")
-    elif schedule in ("Interleaved1F1B", "InterleavedZeroBubble"):
-        rounds = max(1, m // pp)
-        _require(m % rounds == 0, f"{where} runs the microbatches in max(1, m // "
-                 f"pipeline_parallel_degree) = {rounds} equal rounds, but {counts} do not "
-                 f"divide into them; use a multiple of {pp} microbatches")
+    layout_rules.check_microbatches(pp, v, schedule, t.local_batch_size,
+                                    p.pipeline_parallel_microbatch_size)
 
 
 def balance_layers(
@@ -192,8 +161,7 @@ def balance_layers(
     pipeline runs at the pace of the slowest), then, among such splits, the sum of squared
     stage weights (the most even one). Exact, by dynamic programming over (stage, layers used).
     """
-    if n_layers < n_stages:
-        raise ConfigError(f"{n_layers} layers cannot fill {n_stages} pipeline stages")
+    layout_rules.check_stage_count(n_layers, n_stages)
     extra = [0.0] * n_stages
     extra[0] += first_weight
     extra[-1] += last_weight

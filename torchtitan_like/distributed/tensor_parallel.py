@@ -55,6 +55,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
+from torchtitan_like.distributed.layout_rules import check_sequence_parallel
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.logging import logger
 
@@ -63,12 +64,7 @@ def validate(config: JobConfig, parallel_dims: ParallelDims) -> None:
     """Layout checks that do not depend on the model (the model checks its heads/vocab)."""
     tp, p = parallel_dims.tp, config.parallelism
     seq_len = config.training.seq_len
-    if tp > 1 and seq_len % tp:
-        raise ConfigError(
-            f"[training] seq_len = {seq_len} must be divisible by [parallelism] "
-            f"tensor_parallel_degree = {tp}: sequence parallel gives each TP rank seq_len / "
-            f"{tp} tokens between the TP regions"
-        )
+    check_sequence_parallel(tp, seq_len)
     if p.enable_async_tensor_parallel:
         _validate_async_tp(config, tp)
     local_world = _devices_per_node()

@@ -28,7 +28,11 @@ def device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def init_distributed(timeout_s: int = 300) -> torch.device:
+PROCESS_GROUP_TIMEOUT_S = 300
+"""How long a collective may wait before the job fails (every process group, see below)."""
+
+
+def init_distributed(timeout_s: int = PROCESS_GROUP_TIMEOUT_S) -> torch.device:
     """Join the torchrun job: NCCL for CUDA tensors (plus gloo for CPU ones) on GPUs,
     gloo on CPU (CPU builds of torch have no NCCL). Returns this rank's device."""
     if "RANK" not in os.environ:  # plain `python -m torchtitan_like.train`: a world of one
@@ -46,6 +50,17 @@ def init_distributed(timeout_s: int = 300) -> torch.device:
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     return device
+
+
+def follow_world_timeout(meshes: Iterable[DeviceMesh],
+                         timeout_s: int = PROCESS_GROUP_TIMEOUT_S) -> None:
+    """Give every process group of ``meshes`` the world group's timeout. DeviceMesh creates
+    its subgroups with the backend's default (NCCL 10 min, gloo 30 min), so without this a hang
+    in a TP, FSDP or PP collective would outwait the timeout the job asked for."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    for mesh in meshes:
+        for dim in range(mesh.ndim):
+            dist.distributed_c10d._set_pg_timeout(timeout, mesh.get_group(dim))
 
 
 def set_determinism(seed: int, deterministic: bool) -> None:

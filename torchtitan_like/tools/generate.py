@@ -83,13 +83,13 @@ def tensor_parallel(model: torch.nn.Module, model_name: str, tp: int,
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     from torchtitan_like.config.job_config import JobConfig
-    from torchtitan_like.validate import parallel_dims_of
+    from torchtitan_like.distributed.parallel_dims import ParallelDims
 
     config = JobConfig()
     config.parallelism.tensor_parallel_degree = tp
     config.parallelism.disable_loss_parallel = True
     config.training.mixed_precision_param = "float32"
-    parallel_dims = parallel_dims_of(config, torch.distributed.get_world_size())
+    parallel_dims = ParallelDims.from_config(config, torch.distributed.get_world_size())
     spec = get_model_spec(model_name)
     with torch.device("meta"):
         sharded = spec.model_cls(model.args)

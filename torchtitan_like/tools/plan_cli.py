@@ -1,49 +1,61 @@
-"""Command line of the planner (scripts/plan.py, or python -m torchtitan_like.tools.plan_cli).
+"""Command line of the planner (ttl-plan, or python -m torchtitan_like.tools.plan_cli).
 
-    python scripts/plan.py --flavor 70B --gpu H100 --num_gpus 512 --seq_len 8192 \
-        --tokens 15e12 --mfu 0.40            # one layout: memory, fit, communication, cost
-    python scripts/plan.py --flavor 405B --gpu H100 --num_gpus 16384 --seq_len 8192 \
-        --global_batch 2048 --search         # the best fitting layouts
-    python scripts/plan.py --config train_configs/debug_model.toml --num_gpus 2 --json
+    ttl-plan --flavor 70B --gpu H100 --num_gpus 512 --seq_len 8192 \
+        --tokens 15e12 --mfu 0.40            # one layout: memory, fit, step time, cost
+    ttl-plan --flavor 405B --gpu H100 --num_gpus 16384 --seq_len 8192 \
+        --global_batch 2048 --search --tp 8  # the best fitting layouts with TP 8
+    ttl-plan --config train_configs/debug_model.toml --num_gpus 2 --json
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import sys
 from typing import Any
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.manager import build_job_config, import_custom_modules
+from torchtitan_like.distributed.utils import DTYPES
 from torchtitan_like.tools.planner import (
     GPUS,
     Cluster,
+    GiB,
     Layout,
     LayoutError,
     ModelShape,
     Plan,
     Precision,
     Workload,
+    bubble_formula,
     check_ac,
     from_job_config,
     plan_fitting,
     search,
+    why_better,
 )
 
-GiB = 2**30
-_DTYPES = {"float32": 4, "bfloat16": 2}
+SCHEDULES = ["1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
+             "ZBVZeroBubble", "DualPipeV"]
+PINNABLE = ("tp", "cp", "pp", "dp_replicate", "dp_shard", "ac", "local_batch_size",
+            "pp_schedule", "compile", "float8", "async_tp")
+"""Layout flags that --search keeps when given."""
+KEPT_OPTIONS = ("local_batch_size", "loss_parallel", "reshard_after_forward", "cp_load_balancer",
+                "pp_embedding_weight", "pp_output_weight", "compile", "float8", "async_tp")
+"""Options of the base layout (flags or --config) every searched layout keeps; a --config also
+keeps its pipeline schedule."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="plan", description="Memory per GPU, fit, communication, MFU and cost of a "
-        "training layout, or a search for the best layouts.",
+        prog="plan", description="Memory per GPU, fit, communication, step time, tokens/s, MFU "
+        "and cost of a training layout, or a search for the best layouts.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     model = p.add_argument_group("model (a registry flavor, or a training config)")
     model.add_argument("--config", help="training TOML: model, seq_len, batch, degrees, AC, "
-                       "dtypes are read from it (flags below override)")
+                       "dtypes, compile, float8 are read from it (flags below override)")
     model.add_argument("--model", default="llama3", help="registry name")
     model.add_argument("--flavor", help="flavor of the model, e.g. 8B, 70B, 405B")
     model.add_argument("--custom_import", nargs="*", default=[],
@@ -61,28 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--seq_len", type=int, help="tokens per sequence (default 8192)")
     job.add_argument("--global_batch", type=int,
                      help="sequences per step (default: 4M tokens / seq_len)")
-    job.add_argument("--local_batch_size", type=int, help="sequences per microbatch (default 1)")
     job.add_argument("--tokens", type=float, default=0.0, help="token budget, e.g. 15e12")
-    job.add_argument("--dtype", choices=_DTYPES, help="master weights, gradients, optimizer "
+    job.add_argument("--dtype", choices=DTYPES, help="master weights, gradients, optimizer "
                      "states (default float32)")
-    job.add_argument("--param_dtype", choices=_DTYPES, help="compute dtype (default bfloat16)")
-    job.add_argument("--reduce_dtype", choices=_DTYPES, help="gradient reduction (default "
+    job.add_argument("--param_dtype", choices=DTYPES, help="compute dtype (default bfloat16)")
+    job.add_argument("--reduce_dtype", choices=DTYPES, help="gradient reduction (default "
                      "float32)")
-    lay = p.add_argument_group("layout (ignored by --search)")
-    lay.add_argument("--tp", type=int, help="tensor parallel degree")
-    lay.add_argument("--cp", type=int, help="context parallel degree")
-    lay.add_argument("--pp", type=int, help="pipeline parallel degree")
-    lay.add_argument("--dp_replicate", type=int, help="HSDP replicas")
-    lay.add_argument("--dp_shard", type=int, help="FSDP shard degree; -1 = the rest")
-    lay.add_argument("--pp_schedule", choices=["1F1B", "GPipe", "Interleaved1F1B"])
-    lay.add_argument("--ac", help="activation checkpointing: auto (the least that fits), none, "
-                     "op, full, or N (every N-th block); default auto")
+    _layout_flags(p.add_argument_group("layout (each flag given is pinned under --search)"))
     est = p.add_argument_group("estimate")
     est.add_argument("--mfu", type=float, help="MFU for time and cost (0.40 or 40); default: "
-                     "the planner's estimate")
-    est.add_argument("--kernel_efficiency", type=float, default=0.55,
-                     help="fraction of peak the kernels reach when nothing waits; calibrate "
-                     "with one measured run")
+                     "the step-time model's estimate")
     est.add_argument("--headroom", type=float, default=0.10,
                      help="share of GPU memory kept free (allocator, NCCL, CUDA context)")
     out = p.add_argument_group("output")
@@ -92,12 +92,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _layout_flags(lay: argparse._ArgumentGroup) -> None:
+    lay.add_argument("--tp", type=int, help="tensor parallel degree")
+    lay.add_argument("--cp", type=int, help="context parallel degree")
+    lay.add_argument("--pp", type=int, help="pipeline parallel degree")
+    lay.add_argument("--dp_replicate", type=int, help="HSDP replicas")
+    lay.add_argument("--dp_shard", type=int, help="FSDP shard degree; -1 = the rest")
+    lay.add_argument("--local_batch_size", type=int, help="sequences per microbatch (default 1)")
+    lay.add_argument("--pp_schedule", choices=SCHEDULES)
+    lay.add_argument("--ac", help="activation checkpointing: auto (the least that fits), none, "
+                     "op, full, or N (every N-th block); default auto")
+    for name, what in (("compile", "compiled blocks (fused element-wise kernels)"),
+                       ("float8", "Float8 linear layers (torchao)"),
+                       ("async_tp", "async TP (needs --compile)")):
+        lay.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, help=what)
+
+
 def _pick(flag: Any, fallback: Any) -> Any:
     return fallback if flag is None else flag
 
 
-def resolve(args: argparse.Namespace) -> tuple[ModelShape, Cluster, Workload, Layout]:
-    """Planner inputs from the flags (and the config file, when given)."""
+def _cluster(args: argparse.Namespace) -> Cluster:
     gpu = GPUS[args.gpu]
     gpu = dataclasses.replace(
         gpu, memory_gib=_pick(args.gpu_memory_gib, gpu.memory_gib),
@@ -111,58 +126,71 @@ def resolve(args: argparse.Namespace) -> tuple[ModelShape, Cluster, Workload, La
     if num_gpus % per_node:
         raise LayoutError(f"--num_gpus {num_gpus} is not a multiple of --gpus_per_node "
                           f"{per_node}")
-    cluster = Cluster(gpu, gpus_per_node=per_node, num_nodes=num_gpus // per_node)
+    return Cluster(gpu, gpus_per_node=per_node, num_nodes=num_gpus // per_node)
 
+
+def _from_config_or_flavor(args: argparse.Namespace, num_gpus: int
+                           ) -> tuple[ModelShape, Workload, Layout]:
     import_custom_modules(args.custom_import)
     if args.config:
         config = build_job_config(["--job.config_file", args.config])
         import_custom_modules(config.job.custom_import)
         if args.flavor:
             config.model.name, config.model.flavor = args.model, args.flavor
-        model, work, layout = from_job_config(config, num_gpus)
-    else:
-        if not args.flavor:
-            raise LayoutError("name a model: --flavor (with --model) or --config")
-        config = build_job_config([f"--model.name={args.model}", f"--model.flavor={args.flavor}"])
-        model, _, _ = from_job_config(config, num_gpus)
-        work = Workload(seq_len=8192, global_batch=0)
-        layout = Layout(ac="auto")
+        return from_job_config(config, num_gpus)
+    if not args.flavor:
+        raise LayoutError("name a model: --flavor (with --model) or --config")
+    config = build_job_config([f"--model.name={args.model}", f"--model.flavor={args.flavor}"])
+    model, _, _ = from_job_config(config, num_gpus)
+    return model, Workload(seq_len=8192, global_batch=0), Layout(ac="auto")
 
+
+def _workload(args: argparse.Namespace, work: Workload) -> Workload:
     seq_len = _pick(args.seq_len, work.seq_len)
     p = work.precision
     precision = Precision(
-        master_bytes=_DTYPES[args.dtype] if args.dtype else p.master_bytes,
-        compute_bytes=_DTYPES[args.param_dtype] if args.param_dtype else p.compute_bytes,
-        reduce_bytes=_DTYPES[args.reduce_dtype] if args.reduce_dtype else p.reduce_bytes)
+        master_bytes=DTYPES[args.dtype].itemsize if args.dtype else p.master_bytes,
+        compute_bytes=DTYPES[args.param_dtype].itemsize if args.param_dtype else p.compute_bytes,
+        reduce_bytes=DTYPES[args.reduce_dtype].itemsize if args.reduce_dtype else p.reduce_bytes)
     global_batch = args.global_batch or (work.global_batch if args.config else
                                          max(1, 2**22 // seq_len))
-    work = Workload(seq_len=seq_len, global_batch=global_batch, tokens=args.tokens,
+    return Workload(seq_len=seq_len, global_batch=global_batch, tokens=args.tokens,
                     precision=precision)
 
-    tp, cp, pp = _pick(args.tp, layout.tp), _pick(args.cp, layout.cp), _pick(args.pp, layout.pp)
-    replicate = _pick(args.dp_replicate, layout.dp_replicate)
-    shard = _pick(args.dp_shard, -1 if not args.config else layout.dp_shard)
-    if any(degree != getattr(layout, name) for name, degree in
-           (("tp", tp), ("cp", cp), ("pp", pp), ("dp_replicate", replicate))):
-        shard = _pick(args.dp_shard, -1)  # degrees changed: let FSDP take the rest
+
+def pins_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The layout flags given on the command line (dp_shard -1 and ac auto pin nothing)."""
+    pins = {name: getattr(args, name) for name in PINNABLE if getattr(args, name) is not None}
+    if pins.get("dp_shard") == -1:
+        del pins["dp_shard"]
+    if pins.get("ac") == "auto":
+        del pins["ac"]
+    return pins
+
+
+def _layout(args: argparse.Namespace, layout: Layout, num_gpus: int) -> Layout:
+    pins = pins_of(args)
+    changed = any(pins.get(d, getattr(layout, d)) != getattr(layout, d)
+                  for d in ("tp", "cp", "pp", "dp_replicate"))
+    shard = args.dp_shard if args.dp_shard is not None else (
+        -1 if changed or not args.config else layout.dp_shard)  # FSDP takes the rest
+    layout = dataclasses.replace(layout, **{k: v for k, v in pins.items() if k != "dp_shard"})
     if shard == -1:
-        others = tp * cp * pp * replicate
+        others = layout.tp * layout.cp * layout.pp * layout.dp_replicate
         if num_gpus % others:
             raise LayoutError(f"{num_gpus} GPUs do not divide into tp x cp x pp x "
                               f"dp_replicate = {others}")
         shard = num_gpus // others
-    ac = _pick(args.ac, layout.ac)
-    if ac != "auto":
-        check_ac(ac)
-    layout = dataclasses.replace(
-        layout, tp=tp, cp=cp, pp=pp, dp_replicate=replicate, dp_shard=shard, ac=ac,
-        local_batch_size=_pick(args.local_batch_size, layout.local_batch_size),
-        pp_schedule=_pick(args.pp_schedule, layout.pp_schedule))
-    return model, cluster, work, layout
+    if layout.ac != "auto":
+        check_ac(layout.ac)
+    return dataclasses.replace(layout, dp_shard=shard)
 
 
-def _gib(nbytes: float) -> str:
-    return f"{nbytes / GiB:8.2f} GiB"
+def resolve(args: argparse.Namespace) -> tuple[ModelShape, Cluster, Workload, Layout]:
+    """Planner inputs from the flags (and the config file, when given)."""
+    cluster = _cluster(args)
+    model, work, layout = _from_config_or_flavor(args, cluster.num_gpus)
+    return model, cluster, _workload(args, work), _layout(args, layout, cluster.num_gpus)
 
 
 def _si(value: float) -> str:
@@ -189,25 +217,18 @@ def _header(model: ModelShape, cluster: Cluster, work: Workload, args: argparse.
     ]
 
 
-def format_plan(result: Plan, model: ModelShape, cluster: Cluster, work: Workload,
-                args: argparse.Namespace) -> str:
-    """The human-readable report of one layout."""
+def _memory_lines(result: Plan, work: Workload, args: argparse.Namespace) -> list[str]:
     mem, lay, prec = result.memory, result.layout, work.precision
-    chosen = " (auto: the least recomputation that fits)" if args.ac == "auto" else ""
     names = {4: "fp32", 2: "bf16"}
     states = prec.optimizer_states * prec.master_bytes
-    lines = [
-        *_header(model, cluster, work, args),
-        f"Layout: {lay.label()}{chosen}; {result.microbatches} microbatch(es) per step per rank",
-        "",
+    return [
         f"Memory per GPU, peak at the {mem.moment}"
         + (f" (pipeline stage {mem.stage})" if lay.pp > 1 else "")
         + ", what is allocated at that moment:",
-        f"  parameters        {_gib(mem.parameters)}",
-        f"  gradients         {_gib(mem.gradients)}",
-        f"  optimizer states  {_gib(mem.optimizer)}",
-        f"  activations       {_gib(mem.activations)}",
-        f"  total             {_gib(mem.total)}  of {result.usable_gib:.1f} GiB usable "
+        *(f"  {label:17s} {value / GiB:8.2f} GiB" for label, value in (
+            ("parameters", mem.parameters), ("gradients", mem.gradients),
+            ("optimizer states", mem.optimizer), ("activations", mem.activations))),
+        f"  total             {mem.total / GiB:8.2f} GiB  of {result.usable_gib:.1f} GiB usable "
         f"({result.capacity_gib:g} GiB less {args.headroom:.0%} headroom)",
         f"  bytes per parameter: {names[prec.master_bytes]} weights {prec.master_bytes} + "
         f"gradients {prec.master_bytes} + Adam states {states} = "
@@ -219,62 +240,100 @@ def format_plan(result: Plan, model: ModelShape, cluster: Cluster, work: Workloa
           if lay.pp > 1 else []),
         "Verdict: " + ("FITS" if result.fits else "DOES NOT FIT")
         + f" ({mem.total / GiB:.1f} of {result.usable_gib:.1f} GiB)",
-        "",
-        "Communication per step, bytes each GPU sends:",
     ]
+
+
+def _time_lines(result: Plan) -> list[str]:
+    lines = ["Communication per step, bytes each GPU sends:"]
     for c in result.comms:
         lines.append(f"  {c.dim:12s} group {c.group:5d}  {c.link:10s} {c.bandwidth_gbps:6.0f} "
-                     f"GB/s  {c.bytes_per_step / 1e9:10.2f} GB  {c.seconds:8.3f} s  "
-                     + ("exposed" if c.exposed else "overlaps compute"))
+                     f"GB/s  {c.bytes_per_step / 1e9:10.2f} GB  {c.seconds:8.3f} s")
     if not result.comms:
         lines.append("  none (one GPU)")
+    formula = bubble_formula(result.layout, result.microbatches)
+    step = result.step
     lines += [
-        f"Pipeline bubble: {result.bubble:.1%}"
-        + (f" ((pp-1)/(m+pp-1) with pp {lay.pp}, m {result.microbatches})" if lay.pp > 1
-           else ""),
-        f"Step: compute {result.compute_seconds:.3f} s at {args.kernel_efficiency:.0%} kernel "
-        f"efficiency -> {result.step_seconds:.3f} s with bubble and exposed communication; "
-        f"MFU estimate {result.mfu_estimate:.1%}",
+        f"Pipeline bubble: {result.bubble:.1%}" + (f" ({formula})" if formula else ""),
+        f"Step time: {step.total:.3f} s = "
+        + " + ".join(f"{name} {value:.3f}" for name, value in step.parts().items())
+        + " (compute parts, then exposed communication and bubble; docs/planner-throughput.md)",
+        f"Throughput: {result.tokens_per_second_per_gpu:,.0f} tokens/s per GPU, MFU "
+        f"{result.mfu_estimate:.1%} (model FLOPs over the bf16 peak)",
     ]
-    if work.tokens:
-        flops = work.tokens * result.flops_per_token
-        flops_6nd = 6 * model.num_params * work.tokens
-        days_6nd = result.days * result.gpu_hours_6nd / result.gpu_hours
-        source = "given" if args.mfu is not None else "estimated"
-        lines += [
-            f"Compute: C = 6ND = {flops_6nd:.3g} FLOPs; with attention at seq {work.seq_len} "
-            f"({result.flops_per_token / 1e9:.1f} GFLOP/token, the trainer's MFU count) "
-            f"{flops:.3g} FLOPs",
-            f"GPU-hours: {_si(result.gpu_hours_6nd)} (6ND) | {_si(result.gpu_hours)} "
-            f"(with attention) at {result.mfu:.1%} MFU ({source})",
-            f"Days on {cluster.num_gpus} GPUs: {days_6nd:.1f} (6ND) | {result.days:.1f} "
-            "(with attention)",
-        ]
-    lines += [f"Note: {note}" for note in result.notes]
-    return "\n".join(lines)
+    return lines
+
+
+def _cost_lines(result: Plan, model: ModelShape, cluster: Cluster, work: Workload,
+                args: argparse.Namespace) -> list[str]:
+    flops = work.tokens * result.flops_per_token
+    flops_6nd = 6 * model.num_params * work.tokens
+    days_6nd = result.days * result.gpu_hours_6nd / result.gpu_hours
+    source = "given" if args.mfu is not None else "estimated"
+    return [
+        f"Compute: C = 6ND = {flops_6nd:.3g} FLOPs; with attention at seq {work.seq_len} "
+        f"({result.flops_per_token / 1e9:.1f} GFLOP/token, the trainer's MFU count) "
+        f"{flops:.3g} FLOPs",
+        f"GPU-hours: {_si(result.gpu_hours_6nd)} (6ND) | {_si(result.gpu_hours)} "
+        f"(with attention) at {result.mfu:.1%} MFU ({source})",
+        f"Days on {cluster.num_gpus} GPUs: {days_6nd:.1f} (6ND) | {result.days:.1f} "
+        "(with attention)",
+    ]
+
+
+def format_plan(result: Plan, model: ModelShape, cluster: Cluster, work: Workload,
+                args: argparse.Namespace) -> str:
+    """The human-readable report of one layout."""
+    chosen = " (auto: the least recomputation that fits)" if args.ac == "auto" else ""
+    lines = [
+        *_header(model, cluster, work, args),
+        f"Layout: {result.layout.label()}{chosen}; {result.microbatches} microbatch(es) per "
+        "step per rank",
+        "",
+        *_memory_lines(result, work, args),
+        "",
+        *_time_lines(result),
+        *(_cost_lines(result, model, cluster, work, args) if work.tokens else []),
+    ]
+    return "\n".join(lines + [f"Note: {note}" for note in result.notes])
 
 
 def format_search(plans: list[Plan], model: ModelShape, cluster: Cluster, work: Workload,
-                  args: argparse.Namespace) -> str:
+                  args: argparse.Namespace, pins: dict[str, Any]) -> str:
+    pinned = ", ".join(f"{k} {v}" for k, v in pins.items()) or "nothing"
     lines = [
         *_header(model, cluster, work, args),
         "",
-        f"Best {len(plans)} fitting layouts by estimated MFU (each with the least activation "
-        "checkpointing that fits):",
-        f"{'#':>2}  {'tp':>2} {'cp':>2} {'pp':>3} {'dp (rep x shard)':>17}  {'ac':8} "
-        f"{'GiB':>6}  {'bubble':>6}  {'MFU est':>7}  {'step s':>7}"
+        f"Best {len(plans)} fitting layouts by predicted step time (the simpler first within "
+        f"3%; each with the least activation checkpointing that fits; pinned: {pinned}):",
+        f"{'#':>2}  {'tp':>2} {'cp':>2} {'pp':>3} {'schedule':15} {'dp (rep x shard)':>17}  "
+        f"{'ac':8} "
+        f"{'GiB':>6}  {'bubble':>6}  {'tok/s/GPU':>9}  {'MFU':>6}  {'step s':>7}"
         + ("  days" if work.tokens else ""),
     ]
     for i, r in enumerate(plans, 1):
         lay = r.layout
         dp = f"{lay.dp_replicate} x {lay.dp_shard}"
         ac = "every " + lay.ac if lay.ac.isdigit() else lay.ac
-        lines.append(f"{i:>2}  {lay.tp:>2} {lay.cp:>2} {lay.pp:>3} {dp:>17}  {ac:8} "
-                     f"{r.memory.total / GiB:6.1f}  {r.bubble:6.1%}  {r.mfu_estimate:7.1%}  "
+        schedule = lay.pp_schedule if lay.pp > 1 else "-"
+        lines.append(f"{i:>2}  {lay.tp:>2} {lay.cp:>2} {lay.pp:>3} {schedule:15} {dp:>17}  {ac:8} "
+                     f"{r.memory.total / GiB:6.1f}  {r.bubble:6.1%}  "
+                     f"{r.tokens_per_second_per_gpu:9,.0f}  {r.mfu_estimate:6.1%}  "
                      f"{r.step_seconds:7.2f}" + (f"  {r.days:.1f}" if work.tokens else ""))
+    lines += [f"  #{i} over #{i + 1}: {why_better(a, b)}"
+              for i, (a, b) in enumerate(itertools.pairwise(plans), 1)]
     if not plans:
         lines.append("  no layout fits: more GPUs, a smaller batch per microbatch or sequence")
     return "\n".join(lines)
+
+
+def _run_search(model: ModelShape, cluster: Cluster, work: Workload, layout: Layout,
+                args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
+    kept = KEPT_OPTIONS + (("pp_schedule", "pp_virtual_stages") if args.config else ())
+    pins = {**{k: getattr(layout, k) for k in kept}, **pins_of(args)}
+    plans = search(model, cluster, work, pins=pins, top=args.top, **kwargs)
+    print(json.dumps([p.to_dict() for p in plans], indent=1) if args.json
+          else format_search(plans, model, cluster, work, args, pins_of(args)))
+    return 0 if plans else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -283,15 +342,10 @@ def main(argv: list[str] | None = None) -> int:
         args.mfu /= 100  # given in percent
     try:
         model, cluster, work, layout = resolve(args)
-        args.ac = layout.ac  # "auto" unless the flag or the config names a mode
-        kwargs = {"mfu": args.mfu, "kernel_efficiency": args.kernel_efficiency,
-                  "headroom": args.headroom}
+        kwargs = {"mfu": args.mfu, "headroom": args.headroom}
         if args.search:
-            plans = search(model, cluster, work, local_batch_size=layout.local_batch_size,
-                           pp_schedule=layout.pp_schedule, top=args.top, **kwargs)
-            print(json.dumps([p.to_dict() for p in plans], indent=1) if args.json
-                  else format_search(plans, model, cluster, work, args))
-            return 0 if plans else 1
+            return _run_search(model, cluster, work, layout, args, kwargs)
+        args.ac = layout.ac  # "auto" unless the flag or the config names a mode
         result = plan_fitting(model, cluster, work, layout, **kwargs)
     except (LayoutError, ConfigError, ValueError) as e:
         print(f"plan error: {e}", file=sys.stderr)

@@ -7,6 +7,7 @@ import math
 from typing import TYPE_CHECKING
 
 from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.distributed.layout_rules import check_tensor_parallel_shapes
 from torchtitan_like.models.llama3.pipeline import llama_fqns_per_stage
 from torchtitan_like.models.registry import BaseModelArgs
 
@@ -69,17 +70,8 @@ class Llama3Args(BaseModelArgs):
         if self.n_heads % self.kv_heads:
             raise ConfigError(f"{flavor}: n_heads {self.n_heads} must be a multiple of "
                               f"n_kv_heads {self.kv_heads}")
-        tp = parallel_dims.tp
-        degree = f"[parallelism] tensor_parallel_degree = {tp}"
-        for name, count in (("n_heads", self.n_heads), ("n_kv_heads", self.kv_heads)):
-            if count % tp:
-                raise ConfigError(f"{flavor}: {name} = {count} is not divisible by {degree} "
-                                  "(each TP rank computes whole attention heads); choose a "
-                                  f"degree that divides {count}")
-        if self.vocab_size % tp:
-            raise ConfigError(f"{flavor}: vocab_size = {self.vocab_size} is not divisible by "
-                              f"{degree} (the embedding and the output head are split by "
-                              "vocabulary rows); choose a degree that divides it")
+        check_tensor_parallel_shapes(parallel_dims.tp, self.n_heads, self.kv_heads,
+                                     self.vocab_size, flavor)
         if parallel_dims.pp > 1:
             if self.tie_word_embeddings:
                 raise ConfigError(

@@ -1,0 +1,160 @@
+"""Each part of the planner's step time against a hand-computed case, and the search's promises
+(pinned degrees and options survive; TP stays in a node; the simpler layout wins a near tie).
+
+The hand computations use Llama 3.1 8B's published shapes: 8,030,261,248 parameters, of which
+the 128,256 x 4,096 = 525,336,576 embedding does no matmul, so 6 x 7,504,924,672 FLOPs per
+token go to weight matmuls; attention is 12 x 32 layers x 4,096 x seq FLOPs per token.
+"""
+
+import dataclasses
+import json
+
+import pytest
+
+from torchtitan_like.models.llama3.args import llama3_flavors
+from torchtitan_like.tools import plan_cli
+from torchtitan_like.tools.planner import (
+    GPUS,
+    Cluster,
+    Comm,
+    Layout,
+    ModelShape,
+    StepTime,
+    Workload,
+    bubble_formula,
+    estimate_step_time,
+    plan,
+    search,
+    why_better,
+)
+from torchtitan_like.tools.planner import step_time as st
+from torchtitan_like.tools.planner.search import complexity, rank
+
+H100 = GPUS["H100"]
+M8B = ModelShape.from_args(llama3_flavors["8B"])
+SEQ = 4096
+WORK = Workload(seq_len=SEQ, global_batch=1)  # one sequence: 4,096 tokens
+ONE = Cluster(H100, gpus_per_node=1)
+MATMUL_FLOPS = 6 * 7_504_924_672 * SEQ
+ATTENTION_FLOPS = 12 * 32 * 4096 * SEQ * SEQ
+
+
+@pytest.fixture
+def no_memory_bound(monkeypatch):
+    monkeypatch.setattr(st, "MEMORY_BOUND_PASSES", {"eager": 0.0, "compiled": 0.0})
+
+
+def parts(layout=None, comms=(), microbatches=1, cluster=ONE, work=WORK):
+    return estimate_step_time(M8B, cluster, work, layout or Layout(), microbatches, list(comms))
+
+
+def test_gemm_at_the_gpus_measured_matmul_rate(no_memory_bound):
+    assert M8B.num_params == 8_030_261_248
+    assert parts().gemm == pytest.approx(MATMUL_FLOPS / (989e12 * 0.801))
+
+
+def test_float8_runs_the_blocks_linears_at_fp8_and_the_head_in_bf16(no_memory_bound):
+    head = 6 * 128256 * 4096 * SEQ
+    expected = head / (989e12 * 0.801) + (MATMUL_FLOPS - head) / (1979e12 * 0.936)
+    assert parts(Layout(float8=True)).gemm == pytest.approx(expected)
+
+
+def test_attention_computes_half_the_causal_scores(no_memory_bound):
+    assert parts().attention == pytest.approx(ATTENTION_FLOPS / 2 / (989e12 * 0.35))
+
+
+def test_memory_bound_kernels_at_hbm_bandwidth(no_memory_bound, monkeypatch):
+    monkeypatch.setattr(st, "MEMORY_BOUND_PASSES", {"eager": 10.0, "compiled": 5.0})
+    flash = ATTENTION_FLOPS / 2 / (989e12 * 0.35)
+    # No TP, fused norms: 2 x (4,096 + 4,096) + 4 x 4,096 + 4 x 14,336 elements per layer.
+    elements = (2 * 8192 + 4 * 4096 + 4 * 14336) * 32
+    for compiled, passes in ((False, 10), (True, 5)):
+        extra = SEQ * elements * 2 * passes / 3.35e12
+        p = parts(Layout(compile=compiled))
+        assert (p.attention, p.memory_bound) == pytest.approx((flash, extra))
+
+
+def test_recompute_one_forward_of_the_checkpointed_blocks(no_memory_bound):
+    head = 6 * 128256 * 4096 * SEQ / (989e12 * 0.801)
+    p = parts(Layout(ac="full"))
+    assert p.recompute == pytest.approx((p.gemm - head + p.attention + p.memory_bound) / 3)
+    every_2nd = parts(Layout(ac="2"))  # 16 of 32 blocks
+    assert every_2nd.recompute == pytest.approx(p.recompute / 2)
+    assert parts(Layout(ac="op")).recompute == 0
+
+
+def test_collectives_exposure(no_memory_bound):
+    base = parts()
+    compute = base.compute
+    tp = Comm("tp", 8, "intra-node", 450, 450e9)  # 1 s
+    assert parts(comms=[tp]).tp == pytest.approx(1.0)
+    # Async TP: tp chunks overlap the matmuls; the first (1/tp) or the excess stays exposed.
+    async_tp = Layout(async_tp=True, compile=True, tp=8)
+    g = parts(async_tp).gemm
+    for seconds, exposed in ((g / 2, g / 16), (2 * g, g)):
+        comm = Comm("tp", 8, "intra-node", 450, 450e9 * seconds)
+        assert parts(async_tp, [comm]).tp == pytest.approx(exposed)
+    cp = Comm("cp", 2, "intra-node", 450, 450e9 * (base.attention + 0.5))
+    assert parts(comms=[cp]).cp == pytest.approx(0.5)  # what the attention does not cover
+    fsdp = Comm("fsdp", 8, "intra-node", 450, 450e9 * (compute + 2.0))
+    units = 32 + 2
+    assert parts(comms=[fsdp]).fsdp == pytest.approx(2.0 + (compute + 2.0) / units)
+    pp = Comm("pp", 2, "inter-node", 50, 50e9 * 0.25)
+    assert parts(comms=[pp]).pp == pytest.approx(0.25)
+
+
+def test_bubble_and_its_printed_formula(no_memory_bound):
+    layout = Layout(pp=4)
+    work = Workload(seq_len=SEQ, global_batch=12)
+    p = parts(layout, microbatches=12, cluster=Cluster(H100, 4), work=work)
+    assert p.bubble == pytest.approx(p.compute * (3 / 15) / (1 - 3 / 15))
+    assert bubble_formula(layout, 12) == "(pp-1)/(m+pp-1) with pp 4, m 12"
+    interleaved = dataclasses.replace(layout, pp_schedule="Interleaved1F1B")
+    assert bubble_formula(interleaved, 12) == "(pp-1)/(v*m+pp-1) with pp 4, v 2, m 12"
+
+
+def test_tokens_per_second_and_mfu_follow_the_step():
+    result = plan(M8B, Cluster(H100, 8), Workload(seq_len=8192, global_batch=16),
+                  Layout(dp_shard=8, local_batch_size=2, ac="op"))
+    per_gpu = 16 * 8192 / result.step_seconds / 8
+    assert result.tokens_per_second_per_gpu == pytest.approx(per_gpu)
+    assert result.mfu_estimate == pytest.approx(per_gpu * result.flops_per_token / 989e12)
+
+
+def test_pinned_degrees_and_options_survive_search():
+    cluster, work = Cluster(H100, 8, 4), Workload(seq_len=8192, global_batch=64)
+    pins = {"tp": 2, "cp": 1, "compile": True, "ac": "full"}
+    plans = search(M8B, cluster, work, pins=pins, top=10)
+    assert plans
+    for p in plans:
+        assert (p.layout.tp, p.layout.cp, p.layout.compile, p.layout.ac) == (2, 1, True, "full")
+    unpinned = search(M8B, cluster, work, top=50)
+    assert all(p.layout.tp <= 8 for p in unpinned)  # TP within a node
+    assert {p.layout.tp for p in unpinned} != {2}
+
+
+def test_cli_search_keeps_pinned_flags(capsys):
+    assert plan_cli.main(["--flavor", "8B", "--num_gpus", "16", "--search", "--tp", "8",
+                          "--cp", "1", "--float8", "--json"]) == 0
+    ranked = json.loads(capsys.readouterr().out)
+    assert ranked and all(p["layout"]["tp"] == 8 and p["layout"]["cp"] == 1
+                          and p["layout"]["float8"] for p in ranked)
+    assert plan_cli.main(["--flavor", "8B", "--num_gpus", "16", "--search", "--pp", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "pinned: pp 2" in out and "#1 over #2" in out
+
+
+def test_search_prefers_the_simpler_layout_in_a_near_tie():
+    cluster, work = Cluster(H100, 8, 2), Workload(seq_len=8192, global_batch=16)
+    simple = plan(M8B, cluster, work, Layout(dp_shard=16, ac="full"))
+    tp = plan(M8B, cluster, work, Layout(tp=2, dp_shard=8, ac="full"))
+    assert complexity(simple.layout) < complexity(tp.layout)
+
+    def taking(p, seconds):
+        return dataclasses.replace(p, step=StepTime(seconds, 0, 0, 0, 0, 0, 0, 0, 0))
+
+    # Within 3%: the simpler first, saying why; beyond it: the faster first.
+    ranked = rank([taking(tp, 1.0), taking(simple, 1.02)])
+    assert ranked[0].layout == simple.layout
+    assert why_better(*ranked).startswith("simpler, within 3%")
+    assert rank([taking(tp, 1.0), taking(simple, 1.10)])[0].layout == tp.layout

@@ -1,0 +1,60 @@
+"""Activation bytes one transformer block keeps for its backward.
+
+Activations follow Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+Models" (2022): count, per layer and token, the tensors autograd keeps for backward. Their
+GPT-3 block keeps sbh(34 + 5as/h) bytes (16-bit), 34sbh when the attention core is recomputed
+(selective) and 2sbh with full recomputation; ``korthikanti_layer_bytes`` is that formula. The
+planner applies the same counting to the block the model really has (``layer_elements``):
+Llama's RMSNorm / grouped-query attention / SwiGLU block keeps
+
+    2 x [(1 + c) h/t + h]   each norm's input (+ its normalised tensor when RMSNorm is not one
+                            fused kernel, c = 1 on CPU) and its output, the input of the next
+                            matmuls, which sequence parallelism all-gathers to full length
+    4 q/t                   q, k, v (k and v repeated to every query head) and the attention
+                            output; a flash/memory-efficient kernel keeps no s x s scores, so
+                            Korthikanti's 5as/h term is absent (it *is* their selective case)
+    4 f/t                   SwiGLU's w1 and w3 outputs, silu(w1 x) and the product
+
+elements per token (h = dim, q = heads x head_dim, f = FFN width, t = TP degree), times the
+compute dtype's bytes, times the tokens of a microbatch on this rank (b x s / cp). Op-level
+selective checkpointing keeps the block input, the matmul/attention outputs and collective
+outputs; full checkpointing keeps the block input (and recomputes one block in backward);
+every-N checkpoints every N-th block of each pipeline stage.
+"""
+
+from __future__ import annotations
+
+from torchtitan_like.tools.planner.inputs import ModelShape
+
+
+def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, *, ac: str = "none", tp: int = 1,
+                            sequence_parallel: bool = True, cp: int = 1) -> float:
+    """Activation bytes of one GPT-3 layer in 16-bit (Korthikanti et al. 2022, Table 2):
+    sbh(34 + 5as/h) without recomputation, 34sbh with selective recomputation of attention,
+    2sbh with full recomputation; tensor parallelism divides everything with sequence
+    parallelism (only the attention part without it: sbh(10 + 24/t + 5as/(ht)));
+    context parallelism divides the sequence."""
+    s_local = s / cp
+    sbh = s_local * b * h
+    if ac == "full":
+        return 2 * sbh / (tp if sequence_parallel else 1)
+    scores = 0.0 if ac == "selective" else 5 * a * s_local / h
+    if sequence_parallel:
+        return sbh * (34 + scores) / tp
+    return sbh * (10 + (24 + scores) / tp)
+
+
+def layer_elements(m: ModelShape, ac: str, tp: int, fused_norm: bool) -> float:
+    """Activation elements one block keeps per token of its input (see the module docstring);
+    under op-level checkpointing: the block input, every matmul, attention and collective
+    output. The attention's logsumexp (n_heads fp32 per token) is added by the caller."""
+    h, q, kv, f, t = m.dim, m.q_dim, m.kv_heads * m.head_dim, m.ffn_hidden_dim, tp
+    if ac == "full" or ac.isdigit():  # the checkpointed block keeps its input
+        return h / t
+    if ac == "op":
+        gathered = 2 * h if t > 1 else 0  # all-gather outputs (SP) are saved collectives
+        partial_sums = 2 * h if t > 1 else 0  # wo/w2 outputs before their reduce-scatter
+        reduced = 2 * h / t  # wo/w2 outputs after it (plain matmul outputs without TP)
+        return h / t + gathered + (q + 2 * kv) / t + q / t + partial_sums + reduced + 2 * f / t
+    norm = (1 if fused_norm else 2) * h / t + h
+    return 2 * norm + 4 * q / t + 4 * f / t

@@ -1,0 +1,90 @@
+"""Bytes each GPU sends per step, per parallel dimension, and the link each group uses.
+
+Ring algorithms: (n-1)/n of the data for an all-gather or reduce-scatter, twice that for an
+all-reduce. FSDP all-gathers parameters (twice with reshard: forward and backward) and
+reduce-scatters gradients; HSDP all-reduces the shard across replicas; TP with sequence
+parallelism all-gathers and reduce-scatters sbh twice per layer forward and twice backward
+(Korthikanti et al., 2022), again in a recomputed forward; CP passes K and V around the ring
+(and their gradients back); PP sends a microbatch's activations forward and its gradient back,
+once per model chunk. Each ring step also costs a hop latency (``HOP_LATENCY_S``). A group
+whose ranks fit in one node (the mesh is [pp, dp_replicate, dp_shard, cp, tp], TP innermost)
+uses the intra-node link. How much of each transfer the step
+waits for is step_time.py's business.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torchtitan_like.tools.planner.inputs import Cluster, Layout, ModelShape, Workload
+from torchtitan_like.tools.planner.schedule import busiest_rank_layers, checkpointed, rank_layers
+
+HOP_LATENCY_S = {"intra-node": 5e-6, "inter-node": 15e-6}
+"""Seconds each step of a ring (one hop) costs beside its bytes: an assumption of the order of
+NCCL's per-hop latency over NVLink and InfiniBand, not a measurement. It is what makes a ring
+over thousands of ranks slow even when its bytes are few."""
+
+
+@dataclasses.dataclass
+class Comm:
+    dim: str
+    group: int
+    link: str
+    bandwidth_gbps: float
+    bytes_per_step: float
+    hops: float = 0.0
+    """Ring steps per optimizer step, each costing HOP_LATENCY_S of its link."""
+
+    @property
+    def seconds(self) -> float:
+        return self.bytes_per_step / (self.bandwidth_gbps * 1e9) \
+            + self.hops * HOP_LATENCY_S[self.link]
+
+
+def ring_volume(n: int, nbytes: float) -> float:
+    """Bytes each rank sends in a ring all-gather or reduce-scatter of ``nbytes`` in total."""
+    return (n - 1) / n * nbytes
+
+
+def link(cluster: Cluster, span: int) -> tuple[str, float]:
+    """The link and GB/s of a group spanning ``span`` consecutive ranks."""
+    if span <= cluster.gpus_per_node:
+        return "intra-node", cluster.gpu.intra_node_gbps
+    return "inter-node", cluster.gpu.inter_node_gbps
+
+
+def communication(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout,
+                  microbatches: int) -> list[Comm]:
+    """Bytes each GPU of the busiest pipeline rank sends per step, per parallel dimension
+    (FSDP: rank 0's stage with the embedding)."""
+    prec, t, cp, pp = work.precision, layout.tp, layout.cp, layout.pp
+    layers = busiest_rank_layers(m, layout)
+    local = (rank_layers(m, layout, 0) * m.block_params + m.embedding_params) / t
+    tokens = layout.local_batch_size * work.seq_len  # per microbatch, before CP
+    sbh = tokens * m.dim * prec.compute_bytes
+    recomputed = sum(checkpointed(layout.ac, layers))
+    comms: list[Comm] = []
+
+    def add(dim: str, group: int, span: int, nbytes: float, hops: float) -> None:
+        if group > 1:
+            name, bandwidth = link(cluster, span)
+            comms.append(Comm(dim, group, name, bandwidth, nbytes, hops))
+
+    # Innermost first: [pp, dp_replicate, dp_shard, cp, tp].
+    tp_calls = microbatches * (8 * layers + 4 * recomputed)
+    add("tp", t, t, tp_calls * ring_volume(t, sbh / cp), tp_calls * (t - 1))
+    kv = tokens / cp * m.q_dim / t * prec.compute_bytes  # K or V chunk (repeated heads)
+    cp_calls = microbatches * (3 * layers + recomputed) * (cp - 1)  # K and V travel together
+    add("cp", cp, t * cp, 2 * cp_calls * kv, cp_calls)
+    n = layout.fsdp_degree
+    syncs = 1 if pp > 1 else microbatches  # pipelined FSDP reduces once per step
+    gathers = 1 if pp > 1 else microbatches * (2 if layout.reshard else 1)
+    fsdp = ring_volume(n, local * (gathers * prec.compute_bytes + syncs * prec.reduce_bytes))
+    units = layers + 2  # one FSDP unit per block, the embedding and the head
+    add("fsdp", n, t * n, fsdp, units * (gathers + syncs) * (n - 1))
+    r = layout.dp_replicate
+    add("dp_replicate", r, t * n * r, syncs * 2 * ring_volume(r, local / n * prec.reduce_bytes),
+        units * syncs * 2 * (r - 1))
+    sends = microbatches * layout.stages_per_rank * 2
+    add("pp", pp, cluster.num_gpus, sends * sbh / (t * cp), sends)
+    return comms

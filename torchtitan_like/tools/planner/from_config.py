@@ -1,0 +1,83 @@
+"""The planner's inputs read from a training config, with the trainer's own rules: its
+``ParallelDims``, global-batch default, dtype table, stage count per rank and AC names."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torchtitan_like.distributed import layout_rules
+from torchtitan_like.distributed.parallel_dims import ParallelDims
+from torchtitan_like.distributed.pipeline import stages_per_rank
+from torchtitan_like.distributed.utils import DTYPES
+from torchtitan_like.tools.planner.inputs import (
+    GPU,
+    Cluster,
+    Layout,
+    ModelShape,
+    Precision,
+    Workload,
+)
+from torchtitan_like.tools.planner.memory import Memory, stage_memory
+from torchtitan_like.tools.planner.rules import validate_layout
+
+if TYPE_CHECKING:
+    from torchtitan_like.config.job_config import JobConfig
+
+
+def ac_of(config: JobConfig) -> str:
+    """The planner's name for ``[activation_checkpoint]``: none, full, op or N."""
+    ac = config.activation_checkpoint
+    return ac.selective_ac_option if ac.mode == "selective" else ac.mode
+
+
+def predict_peak(config: JobConfig, num_gpus: int, gpu: GPU) -> Memory:
+    """The planner's peak memory per rank for a job config (all ranks on one node): that of
+    the fullest pipeline rank."""
+    return max(predict_stage_peaks(config, num_gpus, gpu), key=lambda mem: mem.total)
+
+
+def predict_stage_peaks(config: JobConfig, num_gpus: int, gpu: GPU) -> list[Memory]:
+    """The planner's peak memory of each pipeline rank for a job config (one entry without
+    PP); global rank r is on pipeline rank r // (num_gpus / pp)."""
+    model, work, layout = from_job_config(config, num_gpus)
+    microbatches = validate_layout(model, Cluster(gpu, gpus_per_node=num_gpus), work, layout)
+    return [stage_memory(model, gpu, work, layout, s, microbatches) for s in range(layout.pp)]
+
+
+def _precision(config: JobConfig) -> Precision:
+    t = config.training
+    return Precision(master_bytes=DTYPES[t.dtype].itemsize,
+                     compute_bytes=DTYPES[t.mixed_precision_param].itemsize,
+                     reduce_bytes=DTYPES[t.mixed_precision_reduce].itemsize)
+
+
+def from_job_config(config: JobConfig, num_gpus: int) -> tuple[ModelShape, Workload, Layout]:
+    """Model, workload and layout of a job config run on ``num_gpus`` GPUs."""
+    from torchtitan_like.models.registry import model_spec_and_args
+
+    _, args = model_spec_and_args(config)
+    t, p = config.training, config.parallelism
+    dims = ParallelDims.from_config(config, num_gpus)
+    pipelined = dims.pp > 1
+    microbatch = p.pipeline_parallel_microbatch_size if pipelined else t.local_batch_size
+    if pipelined:  # the layout keeps microbatches per schedule, not the local batch: check it
+        layout_rules.check_microbatches(dims.pp, stages_per_rank(p), p.pipeline_parallel_schedule,
+                                        t.local_batch_size, microbatch)
+    reshard = {"default": None, "always": True, "never": False}[p.fsdp_reshard_after_forward]
+    compiled = config.compile.enable and "model" in config.compile.components
+    layout = Layout(dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard, cp=dims.cp,
+                    tp=dims.tp, pp=dims.pp, local_batch_size=microbatch, ac=ac_of(config),
+                    pp_schedule=p.pipeline_parallel_schedule,
+                    pp_virtual_stages=stages_per_rank(p),
+                    pp_microbatches=t.local_batch_size // max(1, microbatch) if pipelined else 0,
+                    pp_embedding_weight=p.pipeline_parallel_embedding_weight,
+                    pp_output_weight=p.pipeline_parallel_output_weight,
+                    loss_parallel=not p.disable_loss_parallel,
+                    reshard_after_forward=reshard,
+                    cp_load_balancer=p.context_parallel_load_balancer,
+                    compile=compiled, float8=config.float8.enable,
+                    async_tp=p.enable_async_tensor_parallel)
+    workload = Workload(seq_len=t.seq_len, precision=_precision(config),
+                        global_batch=layout_rules.global_batch(t.global_batch_size,
+                                                               t.local_batch_size, dims.dp))
+    return ModelShape.from_args(args), workload, layout

@@ -1,0 +1,249 @@
+"""What the planner is given: the GPU and cluster, the model's shapes, the workload and the
+layout (degrees, batch, schedule, checkpointing and kernel options)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Literal
+
+from torchtitan_like.components.metrics import GPU_PEAK_TFLOPS
+from torchtitan_like.distributed.fsdp import reshard_after_forward
+
+if TYPE_CHECKING:
+    from torchtitan_like.models.registry import BaseModelArgs
+
+GiB = 2**30
+ModelledSchedule = Literal["1F1B", "GPipe", "Interleaved1F1B"]
+AC_MODES = ("none", "op", "full")
+"""Activation checkpointing as the planner names it: none, op (selective per op), full, or a
+number N (selective: every N-th block)."""
+
+
+class LayoutError(ValueError):
+    """A layout that cannot run this model/cluster/batch; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GPU:
+    name: str
+    memory_gib: float
+    """Device memory as the driver reports it (nvidia-smi / rocm-smi total)."""
+    peak_tflops: float
+    """Dense bf16 TFLOP/s, no sparsity (the MFU denominator)."""
+    intra_node_gbps: float
+    """GB/s one GPU sends to the GPUs of its node, one direction (NVLink, Infinity Fabric)."""
+    inter_node_gbps: float
+    """GB/s one GPU sends to other nodes, one direction (its own NIC, rail-optimised fabric)."""
+    gemm_efficiency: float = 0.8
+    """Share of ``peak_tflops`` the best large bf16 matmul reaches (MAMF; see step_time.py)."""
+    hbm_tbps: float = 3.35
+    """TB/s of device memory bandwidth (datasheet), for the memory-bound kernels."""
+    fp8_tflops: float = 0.0
+    """Dense fp8 TFLOP/s (0: no fp8 tensor cores; Float8 is timed at the bf16 rate)."""
+    fused_rms_norm: bool = True
+    """RMSNorm is one kernel keeping only its input (CUDA, ROCm); the composite CPU version
+    also keeps the normalised tensor."""
+
+
+# Peaks: vendor datasheets (dense, no sparsity). gemm_efficiency: the "Maximum Achievable
+# Matmul FLOPS" table of S. Bekman, ml-engineering (compute/accelerator/README.md): A100 SXM
+# 267.9/312 = 85.9%, H100 SXM 792.1/989 = 80.1% (H200: same die, 794.5/989 = 80.3%), B200
+# 1745/2250 = 77.6%, MI300X 781.9/1300 = 60.1%, all bf16, CUDA 12 / ROCm 6.2.
+GPUS: dict[str, GPU] = {
+    "A100": GPU("A100 SXM 80GB", 80.0, GPU_PEAK_TFLOPS["A100"], 300.0, 25.0,  # NVLink3, HDR
+                gemm_efficiency=0.859, hbm_tbps=2.04),
+    "H100": GPU("H100 SXM 80GB", 79.6, GPU_PEAK_TFLOPS["H100"], 450.0, 50.0,  # NVLink4, NDR
+                gemm_efficiency=0.801, hbm_tbps=3.35, fp8_tflops=1979.0),
+    "H200": GPU("H200 SXM 141GB", 140.4, GPU_PEAK_TFLOPS["H200"], 450.0, 50.0,
+                gemm_efficiency=0.803, hbm_tbps=4.8, fp8_tflops=1979.0),
+    "B200": GPU("B200 180GB", 179.1, GPU_PEAK_TFLOPS["B200"], 900.0, 50.0,  # NVLink5, NDR
+                gemm_efficiency=0.776, hbm_tbps=8.0, fp8_tflops=4500.0),
+    "MI300X": GPU("MI300X 192GB", 192.0, GPU_PEAK_TFLOPS["MI300X"], 448.0, 50.0,  # 7 xGMI
+                  gemm_efficiency=0.601, hbm_tbps=5.3, fp8_tflops=2615.0),
+}
+
+CPU = GPU("CPU", memory_gib=1024.0, peak_tflops=1.0, intra_node_gbps=1.0, inter_node_gbps=1.0,
+          fused_rms_norm=False)
+"""This machine, for checking the memory model against measurement (scripts/
+validate_plan_memory.py); only its memory model means anything."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    gpu: GPU
+    gpus_per_node: int = 8
+    num_nodes: int = 1
+
+    @property
+    def num_gpus(self) -> int:
+        return self.gpus_per_node * self.num_nodes
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    master_bytes: int = 4
+    """Weights the optimizer updates, their gradients and its states (training.dtype)."""
+    compute_bytes: int = 2
+    """Gathered weights and activations (training.mixed_precision_param)."""
+    reduce_bytes: int = 4
+    """Gradient reduce-scatter / all-reduce (training.mixed_precision_reduce)."""
+    optimizer_states: int = 2
+    """Tensors the optimizer keeps per parameter: Adam's exp_avg and exp_avg_sq."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    seq_len: int
+    global_batch: int
+    """Sequences per optimizer step, over all data-parallel ranks."""
+    tokens: float = 0.0
+    """Training budget in tokens; 0 = no time or cost estimate."""
+    precision: Precision = Precision()
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    cp: int = 1
+    tp: int = 1
+    pp: int = 1
+    local_batch_size: int = 1
+    """Sequences per microbatch on each data-parallel rank."""
+    ac: str = "none"
+    """none | op | full | N (every N-th block); see AC_MODES."""
+    pp_schedule: str = "1F1B"
+    """The torch.distributed.pipelining schedule (``modelled_schedule`` is how it is timed)."""
+    pp_virtual_stages: int = 2
+    """Model chunks per pipeline rank, for the multi-stage schedules."""
+    pp_microbatches: int = 0
+    """Microbatches per pipeline schedule step; a training step runs several such steps
+    (gradient accumulation) when it has more. 0 = all of a step's in one schedule."""
+    pp_embedding_weight: float = 1.0
+    """The embedding's cost in blocks when layers are balanced over stages (as the trainer)."""
+    pp_output_weight: float = 1.0
+    """The final norm and head's cost in blocks when balancing stages (as the trainer)."""
+    loss_parallel: bool = True
+    """Under TP, the loss runs on vocab-sharded logits (parallelism.disable_loss_parallel)."""
+    reshard_after_forward: bool | None = None
+    """FSDP frees gathered weights after forward; None = the trainer's default."""
+    cp_load_balancer: str = "headtail"
+    """parallelism.context_parallel_load_balancer: headtail needs seq_len % 2cp."""
+    compile: bool = False
+    """The blocks are compiled (fused element-wise kernels)."""
+    float8: bool = False
+    """The blocks' linear layers run Float8 GEMMs (torchao; the output head stays bf16)."""
+    async_tp: bool = False
+    """TP's collectives overlap the matmuls (needs compile)."""
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def fsdp_degree(self) -> int:
+        """Ranks a parameter is sharded over (CP ranks share FSDP's sharding)."""
+        return self.dp_shard * self.cp
+
+    @property
+    def num_gpus(self) -> int:
+        return self.dp * self.cp * self.tp * self.pp
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        return self.dp * self.cp > 1
+
+    @property
+    def reshard(self) -> bool:
+        """FSDP reshards after forward: the trainer's rule (distributed/fsdp.py)."""
+        policy = {None: "default", True: "always", False: "never"}[self.reshard_after_forward]
+        return reshard_after_forward(policy, self.pp > 1)
+
+    @property
+    def modelled_schedule(self) -> ModelledSchedule:
+        """The timed and walked schedule closest to ``pp_schedule``: the multi-stage schedules
+        (interleaved, looped, zero-bubble, DualPipeV) hold about what interleaved 1F1B holds;
+        the other single-stage ones what 1F1B holds."""
+        name = self.pp_schedule
+        if name in ("1F1B", "GPipe", "Interleaved1F1B"):
+            return name  # type: ignore[return-value]
+        multi = ("Interleaved", "Looped", "ZBV", "DualPipe")
+        return "Interleaved1F1B" if any(key in name for key in multi) else "1F1B"
+
+    @property
+    def stages_per_rank(self) -> int:
+        """Pipeline stages (model chunks) on each PP rank: v for multi-stage schedules."""
+        multi = self.pp > 1 and self.modelled_schedule == "Interleaved1F1B"
+        return self.pp_virtual_stages if multi else 1
+
+    def label(self) -> str:
+        dp = f"dp {self.dp_replicate}x{self.dp_shard}" if self.dp_replicate > 1 else \
+            f"dp {self.dp_shard}"
+        parts = [f"tp {self.tp}", f"cp {self.cp}", f"pp {self.pp}", dp]
+        kernels = [name for name in ("compile", "float8", "async_tp") if getattr(self, name)]
+        return (", ".join(parts) + f", mbs {self.local_batch_size}, ac {ac_label(self.ac)}"
+                + "".join(f", {name}" for name in kernels))
+
+
+def ac_label(ac: str) -> str:
+    return f"every {ac}" if ac.isdigit() else ac
+
+
+def check_ac(ac: str) -> str:
+    if ac not in AC_MODES and not (ac.isdigit() and int(ac) >= 1):
+        raise ValueError(f"activation checkpointing {ac!r}: use none, op, full or a number N "
+                         "(every N-th block)")
+    return ac
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """What the planner reads of a decoder-only transformer; built from a model's args."""
+
+    n_layers: int
+    dim: int
+    n_heads: int
+    head_dim: int
+    kv_heads: int
+    ffn_hidden_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    num_params: int
+    args: BaseModelArgs
+
+    @classmethod
+    def from_args(cls, args: BaseModelArgs) -> ModelShape:
+        needed = ("n_layers", "dim", "n_heads", "head_dim", "kv_heads", "ffn_hidden_dim",
+                  "vocab_size")
+        missing = [name for name in needed if not hasattr(args, name)]
+        if missing:
+            raise ValueError(f"{type(args).__name__} lacks {', '.join(missing)}: the planner "
+                             "needs a Llama-like decoder's shapes (see ModelShape)")
+        return cls(**{name: int(getattr(args, name)) for name in needed},
+                   tie_word_embeddings=bool(getattr(args, "tie_word_embeddings", False)),
+                   num_params=args.num_params(), args=args)
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.dim
+
+    @property
+    def head_params(self) -> int:
+        """Final norm and output projection (none of its own when tied to the embedding)."""
+        return self.dim + (0 if self.tie_word_embeddings else self.vocab_size * self.dim)
+
+    @property
+    def block_params(self) -> float:
+        return (self.num_params - self.embedding_params - self.head_params) / self.n_layers
+
+    def flops_per_token(self, seq_len: int) -> int:
+        return self.args.flops_per_token(seq_len)
+
+    def attention_flops_per_token(self, seq_len: int) -> int:
+        """QK^T and AV, forward and backward, full (not causal-halved) scores: the part of
+        ``flops_per_token`` that is not a weight matmul (6 x 2 x layers x q_dim x seq_len)."""
+        return 12 * self.n_layers * self.q_dim * seq_len

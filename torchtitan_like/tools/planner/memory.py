@@ -1,0 +1,260 @@
+"""Peak memory per GPU of one pipeline rank: weights, gradients, optimizer states and the
+activations its schedule keeps alive, walked forward by forward and backward by backward.
+
+With P_s the parameters of pipeline stage s, split over tp and sharded by FSDP over
+n = dp_shard x cp ranks (ZeRO-3), and Adam's two states:
+
+    parameters  P_s/tp/n x master        (+ gathered compute copies: one unit with FSDP's
+                                          reshard, every unit of the stage without it)
+    gradients   P_s/tp/n x master        (+ the unsharded gradient of the unit in backward;
+                                          under PP: P_s/tp x reduce, see below)
+    optimizer   P_s/tp/n x 2 x master
+
+master = 4 (fp32 weights and states, ``training.dtype``); compute = 2 (bf16,
+``mixed_precision_param``); reduce = 4 (``mixed_precision_reduce``): 16 bytes per parameter
+before sharding, the figure of ZeRO (Rajbhandari et al., 2020). Activations per block:
+activations.py. The last stage keeps the final norm's tensors and the fp32 log-probabilities
+(b s V/t x 4 bytes); the loss's backward adds two logit-sized fp32 gradients, three under loss
+parallel (DTensor's fused nll/log-softmax backward builds zeros, exp(x) and their product).
+
+Three things torch's pipeline stages hold beside the activations: one receive buffer per
+microbatch for the input (all but the first stage) and for the output gradient (all but the
+last), allocated at the first step and kept (a stage's input *is* its buffer); each stage
+output (the logits on the last stage) until that microbatch's backward; and, under the
+multi-stage schedules, which wait for their sends only at the end of a schedule step, every
+output and input gradient sent until then. Gradients exist from the first backward that
+reaches a parameter (so rank 0 of 1F1B peaks with all its gradients and pp microbatches in
+flight when m > pp); FSDP under PP skips the reduce-scatter until the last microbatch, so its
+gradients accumulate unsharded in the reduce dtype (FSDP2's ``set_requires_gradient_sync``).
+
+The peak is the largest of three kinds of moment: the loss's backward (every activation of the
+microbatch kept, the head's tensors), the backward of a block (its recomputed activations and
+gradients, the weight gradients so far), and the optimizer step (a temporary per parameter in
+the foreach kernels).
+
+Validation: scripts/validate_plan_memory.py measures every rank's peak with MemTracker for 20
+layouts of the debug model on CPU (FSDP, HSDP, TP, CP, PP 1F1B/GPipe/interleaved, FSDP x TP,
+PP x TP, PP x FSDP; AC modes; bf16), each pipeline rank apart: all within 3.1%. Not measured:
+GPU allocator fragmentation (what ``headroom`` is for), float8, the V-shaped and zero-bubble
+schedules (MemTracker cannot follow their ``autograd.grad`` backward); an explicit
+``pipeline_parallel_module_fqns_per_stage``; pipelined FSDP over several schedule steps per
+optimizer step (modelled as one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torchtitan_like.tools.planner.activations import layer_elements
+from torchtitan_like.tools.planner.inputs import GPU, Layout, ModelShape, Workload
+from torchtitan_like.tools.planner.schedule import (
+    checkpointed,
+    rank_stages,
+    schedule_order,
+    stage_split,
+)
+
+
+@dataclasses.dataclass
+class Memory:
+    parameters: float
+    gradients: float
+    optimizer: float
+    activations: float
+    moment: str
+    """When the peak happens."""
+    stage: int = 0
+
+    @property
+    def total(self) -> float:
+        return self.parameters + self.gradients + self.optimizer + self.activations
+
+
+def stage_params(m: ModelShape, tp: int, layers: int, first: bool, last: bool) -> float:
+    """Parameters of one stage on one TP rank, before FSDP sharding."""
+    return (layers * m.block_params + (m.embedding_params if first else 0)
+            + (m.head_params if last else 0)) / tp
+
+
+@dataclasses.dataclass
+class _Weights:
+    """Bytes of the weight side on this GPU (see the module docstring)."""
+
+    master: float
+    optimizer: float
+    grad_bytes: float
+    """Bytes per local (TP-split) parameter of accumulated gradient."""
+    gathered_always: float = 0.0
+    gathered_loss: float = 0.0
+    gathered_layer: float = 0.0
+    unit_grads: float = 0.0
+
+
+def _weights(m: ModelShape, work: Workload, layout: Layout, local: float, has_last: bool
+             ) -> _Weights:
+    """Weights in compute dtype beside the master copy, and unsharded gradients. Gradients
+    accumulate per parameter from the first backward that reaches it: sharded, in the master
+    dtype; but pipelined FSDP skips the reduce-scatter until the last microbatch, so there
+    they accumulate unsharded, in the reduce dtype."""
+    prec, cb, n = work.precision, work.precision.compute_bytes, layout.fsdp_degree
+    unit = m.block_params / layout.tp
+    master = local / n * prec.master_bytes
+    w = _Weights(master, master * prec.optimizer_states, prec.master_bytes / n)
+    if layout.fsdp_enabled:
+        if layout.reshard:  # only the unit that runs is gathered
+            w.gathered_layer = unit * cb
+            w.gathered_loss = (m.head_params / layout.tp if has_last else unit) * cb
+        else:
+            w.gathered_always = local * cb
+        # In backward a unit's gradients exist unsharded and again as the reduce-scatter
+        # input (except under PP, see above).
+        if layout.pp > 1:
+            w.grad_bytes = prec.reduce_bytes
+        else:
+            w.unit_grads = unit * (cb + prec.reduce_bytes)
+    elif cb != prec.master_bytes:  # autocast keeps compute-dtype weight casts
+        w.gathered_always = local * cb
+    return w
+
+
+@dataclasses.dataclass
+class _Activations:
+    """Bytes of one microbatch on this rank, per block and at the edges of a stage."""
+
+    full_layer: float
+    kept_ckpt: float
+    kept_op: float
+    working: float
+    """Gradients alive inside a block's backward."""
+    head_kept: float
+    loss_grads: float
+    edge: float
+    """The hidden states a stage sends or receives (0 without PP)."""
+
+
+def _activations(m: ModelShape, gpu: GPU, work: Workload, layout: Layout) -> _Activations:
+    """The last stage keeps the final norm's tensors and the fp32 log-probabilities; a stage
+    also keeps its output (logits, or the hidden states it sends on) until that microbatch's
+    backward (PipelineStage's forward cache)."""
+    t, cb, fused = layout.tp, work.precision.compute_bytes, gpu.fused_rms_norm
+    tokens = layout.local_batch_size * work.seq_len / layout.cp
+    lse = 4 * m.n_heads / t  # the attention's fp32 logsumexp per token
+    pipelined = layout.pp > 1
+    vocab = m.vocab_size / t
+    norm = ((1 if fused else 2) * m.dim / t + m.dim) * cb
+    return _Activations(
+        full_layer=(layer_elements(m, "none", t, fused) * cb + lse) * tokens,
+        kept_ckpt=layer_elements(m, layout.ac, t, fused) * cb * tokens,
+        kept_op=(layer_elements(m, "op", t, fused) * cb + lse) * tokens,
+        working=(2 * m.dim + m.ffn_hidden_dim) / t * cb * tokens,
+        head_kept=(norm + 4 * vocab + (cb * vocab if pipelined else 0)) * tokens,
+        loss_grads=(12 if t > 1 and layout.loss_parallel else 8) * vocab * tokens,
+        edge=m.dim / t * cb * tokens if pipelined else 0.0,
+    )
+
+
+class _StageWalk:
+    """The moments of one pipeline rank's step, and their peak."""
+
+    def __init__(self, m: ModelShape, gpu: GPU, work: Workload, layout: Layout, stage: int,
+                 microbatches: int) -> None:
+        self.m, self.layout, self.stage, self.microbatches = m, layout, stage, microbatches
+        split = stage_split(m.n_layers, layout)
+        self.chunks = [(split[i], i == 0, i == len(split) - 1) for i in rank_stages(layout, stage)]
+        t = layout.tp
+        local = sum(stage_params(m, t, *chunk) for chunk in self.chunks)
+        self.w = _weights(m, work, layout, local, any(last for _, _, last in self.chunks))
+        self.a = a = _activations(m, gpu, work, layout)
+        self.multi = len(self.chunks) > 1
+        self.per_schedule = layout.pp_microbatches or microbatches
+        # torch keeps one receive buffer per microbatch for each edge (allocated at the first
+        # step, kept); a stage's input *is* its receive buffer, so in-flight microbatches do
+        # not count it again.
+        self.buffers = sum((0 if first else a.edge) + (0 if last else a.edge)
+                           for _, first, last in self.chunks) * self.per_schedule
+        self.block_grads = m.block_params / t * self.w.grad_bytes
+        self.stored: list[list[float]] = []
+        self.kept: list[float] = []
+        self.grads: list[float] = []
+        for layers, first, last in self.chunks:
+            stored = [a.kept_ckpt if c else (a.kept_op if layout.ac == "op" else a.full_layer)
+                      for c in checkpointed(layout.ac, layers)]
+            output = a.head_kept if last else (0.0 if self.multi else a.edge)
+            self.stored.append(stored)
+            self.kept.append(sum(stored) + output - (0.0 if first else a.edge))
+            self.grads.append(stage_params(m, t, layers, first, last) * self.w.grad_bytes)
+
+    def _memory(self, gathered: float, gradients: float, activations: float, moment: str
+                ) -> Memory:
+        w = self.w
+        return Memory(parameters=w.master + w.gathered_always + gathered, gradients=gradients,
+                      optimizer=w.optimizer, activations=activations, moment=moment,
+                      stage=self.stage)
+
+    def backward(self, c: int, others: float, other_grads: float, accumulated: bool
+                 ) -> list[Memory]:
+        """The moments of one backward of local stage ``c`` while ``others`` bytes of other
+        microbatches' activations and ``other_grads`` of other stages' gradients exist."""
+        layers, first, last = self.chunks[c]
+        w, a, ac = self.w, self.a, self.layout.ac
+        done = self.grads[c] if accumulated else 0.0
+        others -= 0.0 if first else a.edge  # stored[c] has the stage input: a receive buffer
+        moments = []
+        if last:  # the loss's backward: every activation of the microbatch is alive
+            moments.append(self._memory(
+                w.gathered_loss, other_grads + done,
+                others + sum(self.stored[c]) + a.head_kept + a.loss_grads, "backward of the loss"))
+        # The backward of block k: earlier blocks' activations, block k's (recomputed if
+        # checkpointed, and under op-level SAC for its element-wise ops), the gradients of
+        # the blocks from k on (and of the head).
+        ckpt = checkpointed(ac, layers)
+        head = self.m.head_params / self.layout.tp * w.grad_bytes if last else 0.0
+        where = "" if len(self.chunks) == 1 else \
+            f" {rank_stages(self.layout, self.stage)[c]}"
+        for k in range(layers):
+            recomputes = ckpt[k] or ac == "op"
+            act = others + sum(self.stored[c][:k]) + a.working \
+                + (a.full_layer if recomputes else self.stored[c][k])
+            partial = (layers - k) * self.block_grads + head
+            moments.append(self._memory(
+                w.gathered_layer, other_grads + max(done, partial) + w.unit_grads, act,
+                f"backward of layer {k} of the stage" if not where else
+                f"backward of layer {k} of stage{where}"))
+        return moments
+
+    def peak(self) -> Memory:
+        """Walk the schedule (once per schedule step when a training step runs several);
+        then the optimizer step (sharded gradients, as many bytes as the master weights:
+        foreach kernels make one temporary per parameter; the receive buffers stay)."""
+        edge, moments = self.a.edge, []
+        in_flight = [0] * len(self.chunks)
+        has_grads = [False] * len(self.chunks)
+        for _ in range(self.microbatches // self.per_schedule):
+            sent = 0.0  # the multi-stage schedules wait for their sends at the end of a step
+            for kind, c in schedule_order(self.layout, self.stage, self.per_schedule):
+                _, first, last = self.chunks[c]
+                if kind == "F":
+                    in_flight[c] += 1
+                    sent += edge if self.multi and not last else 0.0
+                    continue
+                others = sum(n * k for n, k in zip(in_flight, self.kept, strict=True)) \
+                    - self.kept[c]
+                other_grads = sum(g for i, g in enumerate(self.grads) if has_grads[i] and i != c)
+                moments += self.backward(c, self.buffers + sent + others, other_grads,
+                                         has_grads[c])
+                in_flight[c] -= 1
+                has_grads[c] = True
+                sent += edge if self.multi and not first else 0.0
+        w = self.w
+        moments.append(Memory(parameters=w.master, gradients=w.master,
+                              optimizer=w.optimizer + w.master, activations=self.buffers,
+                              moment="optimizer step", stage=self.stage))
+        return max(moments, key=lambda mem: mem.total)
+
+
+def stage_memory(m: ModelShape, gpu: GPU, work: Workload, layout: Layout, stage: int,
+                 microbatches: int) -> Memory:
+    """Peak bytes on one GPU of pipeline rank ``stage`` (see the module docstring): the
+    largest moment of its schedule (``schedule_order``), walked forward by forward and
+    backward by backward."""
+    return _StageWalk(m, gpu, work, layout, stage, microbatches).peak()

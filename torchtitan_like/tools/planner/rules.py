@@ -1,0 +1,51 @@
+"""Whether a layout can run: the trainer's own rules (distributed/layout_rules.py) applied to
+the planner's inputs, plus what only a cluster decides (the GPU count, TP within a node)."""
+
+from __future__ import annotations
+
+from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.distributed import layout_rules as rules
+from torchtitan_like.distributed.pipeline import is_single_stage
+from torchtitan_like.tools.planner.inputs import (
+    Cluster,
+    Layout,
+    LayoutError,
+    ModelShape,
+    Workload,
+    check_ac,
+)
+
+
+def validate_layout(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout) -> int:
+    """Raise LayoutError if the layout cannot run; return the microbatches per step per rank."""
+    check_ac(layout.ac)
+    if layout.num_gpus != cluster.num_gpus:
+        raise LayoutError(f"{layout.label()} uses {layout.num_gpus} GPUs, the cluster has "
+                          f"{cluster.num_gpus}")
+    if layout.tp > cluster.gpus_per_node:
+        raise LayoutError(f"tp {layout.tp} spans more than a node ({cluster.gpus_per_node} GPUs)")
+    if layout.async_tp and not (layout.compile and layout.tp > 1):
+        raise LayoutError("async TP needs tp > 1 and compiled blocks")
+    try:
+        return _trainer_rules(m, work, layout)
+    except ConfigError as e:
+        raise LayoutError(str(e)) from None
+
+
+def _trainer_rules(m: ModelShape, work: Workload, layout: Layout) -> int:
+    """The checks the trainer runs at start-up, in its order; the microbatches per step."""
+    t, mb = layout.tp, layout.local_batch_size
+    rules.accumulation_steps(work.global_batch, mb, layout.dp)
+    rules.check_sequence_parallel(t, work.seq_len)
+    rules.check_context_parallel(layout.cp, t, work.seq_len, layout.cp_load_balancer)
+    per_schedule = 1
+    if layout.pp > 1:
+        v = layout.stages_per_rank
+        rules.check_stages_per_rank(layout.pp_schedule, v, is_single_stage(layout.pp_schedule))
+        per_schedule = layout.pp_microbatches or work.global_batch // (mb * layout.dp)
+        rules.check_microbatches(layout.pp, v, layout.pp_schedule, per_schedule * mb, mb)
+    steps = rules.accumulation_steps(work.global_batch, per_schedule * mb, layout.dp)
+    rules.check_tensor_parallel_shapes(t, m.n_heads, m.kv_heads, m.vocab_size, "the model")
+    if layout.pp > 1:
+        rules.check_stage_count(m.n_layers, layout.pp * layout.stages_per_rank)
+    return steps * per_schedule

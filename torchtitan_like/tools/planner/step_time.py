@@ -1,0 +1,142 @@
+"""Step time on one GPU, in named parts, and the tokens/s and MFU that follow.
+
+    (every compute part on the busiest pipeline rank: x its blocks / the average)
+    gemm        weight matmuls: 6 FLOPs per weight per token (the model's flops_per_token
+                less attention), at ``gpu.gemm_efficiency`` of the bf16 peak (the measured
+                best large matmul, MAMF; inputs.py gives the source per GPU); with Float8
+                the blocks' linears (not the output head) at the fp8 peak x
+                FLOAT8_GEMM_EFFICIENCY instead
+    attention   QK^T and AV forward and backward (a causal flash kernel computes half the
+                score matrix) at ATTENTION_EFFICIENCY of the bf16 peak
+    memory_bound  the blocks' element-wise kernels: MEMORY_BOUND_PASSES x the bytes of the
+                activations they produce, over the HBM bandwidth
+    recompute   one more forward of every fully checkpointed block (a third of its share of
+                the two parts above); op-level selective AC recomputes only element-wise ops
+                (counted in the passes)
+    tp          TP/SP all-gathers and reduce-scatters sit on the critical path; async TP
+                splits each into tp chunks overlapping the matmuls, leaving the first chunk
+                (1/tp of it) or what exceeds the gemm time exposed
+    cp          the ring's K/V exchange overlaps the attention it feeds: only the excess
+    fsdp        FSDP/HSDP all-gathers and reduce-scatters overlap compute up to its length;
+                the first unit's gather and the last unit's reduce-scatter are always exposed
+    pp          point-to-point activation transfers (exposed)
+    bubble      (compute + tp + cp) x b / (1 - b), b from schedule.bubble_fraction
+
+MEMORY_BOUND_PASSES (eager and compiled) and FLOAT8_GEMM_EFFICIENCY are the model's only
+fitted numbers, each fitted to one published run (Table 1 of TorchTitan's performance docs,
+docs/planner-throughput.md); every other published row tests them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torchtitan_like.tools.planner.activations import layer_elements
+from torchtitan_like.tools.planner.communication import Comm
+from torchtitan_like.tools.planner.inputs import Cluster, Layout, ModelShape, Workload
+from torchtitan_like.tools.planner.schedule import (
+    bubble_fraction,
+    busiest_rank_layers,
+    checkpointed,
+    rank_layers,
+)
+
+ATTENTION_EFFICIENCY = 0.35
+"""FlashAttention-2 reaches about 35% of an H100's bf16 peak (Shah et al., "FlashAttention-3",
+2024, section 1); PyTorch's SDPA runs FA2-class kernels. Used for every GPU."""
+
+MEMORY_BOUND_PASSES = {"eager": 38.1, "compiled": 28.3}
+"""Times each activation element of a block (activations.layer_elements without AC) crosses
+HBM in the block's memory-bound kernels (norms, RoPE, SwiGLU's element-wise ops, residual
+adds, casts, forward and backward): fitted to TorchTitan's Llama 3.1 8B on 8 H100 (FSDP,
+selective AC), eager 5,762 and compiled 6,667 tokens/s/GPU."""
+
+FLOAT8_GEMM_EFFICIENCY = 0.936
+"""Share of the fp8 peak torchao's dynamically scaled Float8 linears reach, their casts and
+scale computations included: fitted to the same run with Float8 (8,532 tokens/s/GPU). It lands
+above what fp8 matmuls reach alone (about 0.7): part of that run's gain is something the
+model does not represent, so Float8 predictions far from that shape deserve less trust."""
+
+
+@dataclasses.dataclass
+class StepTime:
+    """Seconds per optimizer step on one GPU, by part (see the module docstring)."""
+
+    gemm: float
+    attention: float
+    memory_bound: float
+    recompute: float
+    tp: float
+    cp: float
+    fsdp: float
+    pp: float
+    bubble: float
+
+    @property
+    def compute(self) -> float:
+        return self.gemm + self.attention + self.memory_bound + self.recompute
+
+    @property
+    def total(self) -> float:
+        return sum(dataclasses.asdict(self).values())
+
+    def parts(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+def _elementwise_elements(m: ModelShape, tp: int, fused_norm: bool) -> float:
+    """Activation elements per token a block's memory-bound kernels produce on one TP rank:
+    those it keeps without AC, less the all-gathered matmul inputs of sequence parallelism
+    (NCCL writes them; the norms before them produce h/tp)."""
+    gathered = 2 * (m.dim - m.dim / tp)
+    return layer_elements(m, "none", tp, fused_norm) - gathered
+
+
+def compute_times(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout
+                  ) -> tuple[float, float, float, float]:
+    """(gemm, attention, memory_bound, recompute) seconds per step on one GPU."""
+    gpu = cluster.gpu
+    local_tokens = work.global_batch * work.seq_len / layout.dp / layout.cp
+    tokens = local_tokens / (layout.tp * layout.pp)  # FLOPs split over TP and PP too
+    imbalance = busiest_rank_layers(m, layout) * layout.pp / m.n_layers  # the slowest stage
+    attention_model = m.attention_flops_per_token(work.seq_len)
+    gemm_flops = tokens * (m.flops_per_token(work.seq_len) - attention_model)
+    head_flops = tokens * 6 * m.vocab_size * m.dim  # the output projection (stays bf16)
+    bf16 = gpu.peak_tflops * 1e12 * gpu.gemm_efficiency
+    if layout.float8 and gpu.fp8_tflops:  # (without fp8 tensor cores: emulated, bf16 rate)
+        fp8 = gpu.fp8_tflops * 1e12 * FLOAT8_GEMM_EFFICIENCY
+        gemm = head_flops / bf16 + (gemm_flops - head_flops) / fp8
+    else:
+        gemm = gemm_flops / bf16
+    gemm *= imbalance
+    attention = tokens * attention_model / 2 / (gpu.peak_tflops * 1e12 * ATTENTION_EFFICIENCY)
+    passes = MEMORY_BOUND_PASSES["compiled" if layout.compile else "eager"]
+    elements = _elementwise_elements(m, layout.tp, gpu.fused_rms_norm) * m.n_layers / layout.pp
+    attention *= imbalance
+    memory_bound = local_tokens * elements * work.precision.compute_bytes * passes \
+        / (gpu.hbm_tbps * 1e12) * imbalance
+    share = sum(checkpointed(layout.ac, m.n_layers)) / m.n_layers
+    block_gemm = gemm * (1 - head_flops / gemm_flops)  # (the head is on one stage: approx.)
+    recompute = share * (block_gemm + attention + memory_bound) / 3
+    return gemm, attention, memory_bound, recompute
+
+
+def estimate_step_time(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout,
+              microbatches: int, comms: list[Comm]) -> StepTime:
+    """The parts of one optimizer step on the busiest GPU."""
+    gemm, attention, memory_bound, recompute = compute_times(m, cluster, work, layout)
+    compute = gemm + attention + memory_bound + recompute
+    seconds = {c.dim: c.seconds for c in comms}
+    tp = seconds.get("tp", 0.0)
+    if layout.async_tp:
+        tp = max(tp / layout.tp, tp - gemm)
+    cp = max(0.0, seconds.get("cp", 0.0) - attention)
+    data = seconds.get("fsdp", 0.0) + seconds.get("dp_replicate", 0.0)
+    units = rank_layers(m, layout, 0) + 2  # blocks, embedding, head: one FSDP unit each
+    fsdp = max(0.0, data - compute) + data / units / max(1, microbatches)
+    b = bubble_fraction(layout.pp, microbatches, layout.modelled_schedule,
+                        layout.stages_per_rank)
+    bubble = (compute + tp + cp) * b / (1 - b)
+    return StepTime(gemm=gemm, attention=attention, memory_bound=memory_bound,
+                    recompute=recompute, tp=tp, cp=cp, fsdp=fsdp, pp=seconds.get("pp", 0.0),
+                    bubble=bubble)
