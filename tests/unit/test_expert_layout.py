@@ -61,6 +61,7 @@ def fake_world():
     dist.destroy_process_group()
 
 
+@pytest.mark.filterwarnings("ignore:Set timeout is now only supported")  # the fake backend
 def test_worked_example_of_the_docs(fake_world):
     """pp 1 x dp_replicate 2 x dp_shard 2 x cp 1 x tp 2, EP 2, ETP 1 (docs/expert-parallel.md)."""
     meshes = ParallelDims.resolve(8, dp_replicate=2, dp_shard=2, tp=2, ep=2).build_meshes("cpu")
