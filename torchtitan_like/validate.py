@@ -26,6 +26,7 @@ from torchtitan_like.config.manager import (
 )
 from torchtitan_like.distributed import context_parallel, tensor_parallel
 from torchtitan_like.distributed.activation_checkpoint import every_nth_layer
+from torchtitan_like.distributed.expert_layout import validate_expert_layout
 from torchtitan_like.distributed.gpu_check import require_usable_gpus
 from torchtitan_like.distributed.layout_rules import accumulation_steps
 from torchtitan_like.distributed.parallel_dims import ParallelDims
@@ -71,6 +72,7 @@ def validate(config: JobConfig, world_size: int) -> None:
     grad_accumulation_steps(config, parallel_dims.dp)
     tensor_parallel.validate(config, parallel_dims)
     spec, args = model_spec_and_args(config)
+    validate_expert_layout(parallel_dims, args.num_routed_experts())
     context_parallel.validate(config, parallel_dims, spec.context_parallel_buffers is not None)
     if parallel_dims.pp > 1:
         _require(spec.pipelining_fn is not None,

@@ -15,6 +15,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "train_configs"
 WORLD_SIZES = {
     "debug_model.toml": 1,
     "deepseek_v3_debug.toml": 1,
+    "deepseek_v3_671b.toml": 2048,
     "llama3_8b.toml": 8,
     "llama3_70b.toml": 64,
     "llama3_405b.toml": 16384,
@@ -42,3 +43,11 @@ def test_the_405b_layouts_are_the_llama3_papers():
                    16384).parallelism
     assert (p.tensor_parallel_degree, p.context_parallel_degree, p.pipeline_parallel_degree,
             p.data_parallel_shard_degree) == (8, 16, 16, 8)
+
+
+def test_the_671b_layout_is_deepseek_v3s():
+    """2,048 GPUs = PP 16 x 128 data-parallel ranks, EP 64 borrowed from them, no TP."""
+    p = parse_args(["--job.config_file", str(CONFIGS / "deepseek_v3_671b.toml"), *ON_THIS_CPU],
+                   2048).parallelism
+    assert (p.pipeline_parallel_degree, p.expert_parallel_degree, p.tensor_parallel_degree,
+            p.data_parallel_shard_degree) == (16, 64, 1, -1)

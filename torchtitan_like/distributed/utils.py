@@ -156,13 +156,18 @@ def clip_grad_norm_(
     """Total gradient 2-norm over all ranks, clipped to ``max_norm`` when it is > 0.
 
     DTensor gradients (FSDP/TP shards) yield the norm of the full gradient after one
-    all-reduce; under pipeline parallelism each stage holds different parameters, so the
-    squared norms of the stages are summed over the ``pp`` mesh as well.
+    all-reduce per mesh: dense and expert-parallel weights live on different meshes (one op
+    cannot mix them), so each mesh's squared norm is computed apart and the squares added.
+    Under pipeline parallelism each stage holds different parameters, so the squared norms of
+    the stages are summed over the ``pp`` mesh as well.
     """
     grads = [p.grad for p in parameters if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, foreach=True)
-    if isinstance(total, DTensor):
-        total = total.full_tensor()
+    by_mesh: dict[DeviceMesh | None, list[torch.Tensor]] = {}
+    for grad in grads:
+        by_mesh.setdefault(grad.device_mesh if isinstance(grad, DTensor) else None, []).append(grad)
+    norms = [torch.nn.utils.get_total_norm(group, foreach=True) for group in by_mesh.values()]
+    norms = [n.full_tensor() if isinstance(n, DTensor) else n for n in norms] or [torch.zeros(())]
+    total = norms[0] if len(norms) == 1 else torch.stack(norms).square().sum().sqrt()
     if pp_mesh is not None and pp_mesh.size() > 1:
         total = total**2
         dist.all_reduce(total, group=pp_mesh.get_group())

@@ -40,6 +40,10 @@ class BaseModelArgs(abc.ABC):
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs (forward + backward) per token."""
 
+    def num_routed_experts(self) -> int:
+        """Routed experts per MoE layer, which expert parallelism splits; 0 = a dense model."""
+        return 0
+
     def validate(self, job_config: JobConfig, parallel_dims: ParallelDims) -> None:  # noqa: B027
         """Raise ConfigError if this model cannot run the job's layout; default: anything goes."""
 
