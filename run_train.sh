@@ -22,6 +22,8 @@ user_args "$@"
 [[ "${PYTHON:-}" != */* ]] || PYTHON="$(user_path "$PYTHON")"
 cd "$(dirname "$0")"
 source scripts/ensure_env.sh
+# No silent CPU fallback: GPUs listed but unusable by this torch stop here with one line.
+if command -v nvidia-smi >/dev/null 2>&1; then "$PYTHON" -m torchtitan_like.distributed.gpu_check; fi
 
 if [[ -z "${NPROC:-${NGPU:-}}" ]]; then
   NPROC=$(nvidia-smi -L 2>/dev/null | wc -l || true)

@@ -125,6 +125,9 @@ class Trainer:
             self.optimizers, config.lr_scheduler, training.steps
         )
         self.converters.register_optimizer_hooks(self.optimizers, self.model_parts)
+        if spec.register_optimizer_hooks is not None:
+            spec.register_optimizer_hooks(self.model_parts, self.optimizers,
+                                          self.parallel_dims, self.meshes)
         self.step = 0
         self.tokens_seen = 0
 
@@ -173,7 +176,7 @@ class Trainer:
         )
 
     def state_dict(self) -> dict[str, int]:
-        """The trainer's own part of a checkpoint (components/checkpoint.py adds RNG states)."""
+        """The trainer's own part of a checkpoint (checkpoint/states.py adds RNG states)."""
         return {"step": self.step, "tokens_seen": self.tokens_seen}
 
     def load_state_dict(self, state: dict[str, int]) -> None:

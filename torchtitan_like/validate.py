@@ -30,6 +30,8 @@ from torchtitan_like.config.manager import (
 )
 from torchtitan_like.distributed import context_parallel, tensor_parallel
 from torchtitan_like.distributed.activation_checkpoint import every_nth_layer
+from torchtitan_like.distributed.expert_layout import validate_expert_layout
+from torchtitan_like.distributed.gpu_check import require_usable_gpus
 from torchtitan_like.distributed.layout_rules import accumulation_steps
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.pipeline import validate_pipeline
@@ -63,6 +65,7 @@ def _validate_numbers(config: JobConfig) -> None:
 
 
 def validate(config: JobConfig, world_size: int) -> None:
+    require_usable_gpus()  # before device_type() below could quietly pick the CPU
     _validate_numbers(config)
     ac = config.activation_checkpoint
     if ac.mode == "selective" and ac.selective_ac_option != "op":
@@ -75,6 +78,7 @@ def validate(config: JobConfig, world_size: int) -> None:
     grad_accumulation_steps(config, parallel_dims.dp)
     tensor_parallel.validate(config, parallel_dims)
     spec, args = model_spec_and_args(config)
+    validate_expert_layout(parallel_dims, args.num_routed_experts())
     context_parallel.validate(config, parallel_dims, spec.context_parallel_buffers is not None)
     if parallel_dims.pp > 1:
         _require(spec.pipelining_fn is not None,

@@ -10,7 +10,7 @@ trainer's config error as its error line, while the sweep still writes its table
 import sys
 from pathlib import Path
 
-from harness import ROOT
+from harness import FP32_PARITY_TOL, ROOT
 
 from torchtitan_like.tools.ablate import load_sweep, run_sweep
 
@@ -49,7 +49,8 @@ overrides = ["--parallelism.data_parallel_replicate_degree=3"]
     assert "[3/3] impossible" in "\n".join(lines) and "ETA" in lines[2]
     baseline, single, impossible = results
     assert [r["step"] for r in baseline.training] == [1, 2, 3]
-    assert abs(single.final_loss - baseline.final_loss) < 1e-5
+    # FSDP vs one process: reordered fp32 sums (tests/harness.py)
+    assert abs(single.final_loss - baseline.final_loss) <= FP32_PARITY_TOL
     assert baseline.planned_memory_gib > 0 and single.planned_memory_gib > 0
     assert "world size 2 is not divisible" in impossible.error
     assert impossible.error.startswith("config error:")

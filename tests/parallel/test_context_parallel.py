@@ -15,9 +15,9 @@ backward, each stage's own RoPE table) on four processes. One torchrun launch pe
 """
 
 import pytest
-from harness import assert_close, launch, losses
+from harness import FP32_PARITY_TOL, GRAD_NORM_RTOL, assert_close, launch, losses
 
-TOL = 1e-5
+TOL = FP32_PARITY_TOL  # class (b), reordered fp32 sums: derivation in tests/harness.py
 WHOLE = ["--training.local_batch_size", "4"]  # CP ranks share one batch: each reads all of it
 CP2 = ["--parallelism.context_parallel_degree", "2"]
 ALLTOALL = ["--parallelism.context_parallel_rotate_method", "alltoall"]
@@ -59,7 +59,8 @@ def grad_norms(records: list[dict]) -> list[float]:
 def test_matches_one_process(runs, case):
     assert len(losses(runs[case])) == 5
     assert_close(losses(runs[case]), losses(runs["reference"]), TOL)
-    assert grad_norms(runs[case]) == pytest.approx(grad_norms(runs["reference"]), rel=TOL)
+    reference = grad_norms(runs["reference"])
+    assert grad_norms(runs[case]) == pytest.approx(reference, rel=GRAD_NORM_RTOL)
 
 
 @pytest.mark.parametrize("case", ["cp2_allgather_headtail", "cp2_fsdp2", "cp2_tp2", "cp2_pp2"])

@@ -15,7 +15,7 @@ import sys
 import pytest
 from harness import ROOT, env
 
-TOL = 1e-5
+TOL = 1e-5  # class (b) on unit-scale values: 84 eps; measured 18 eps
 
 
 @pytest.fixture(scope="module")

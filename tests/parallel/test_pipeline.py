@@ -14,9 +14,9 @@ composes through the same plan (PP x TP on 4 processes), and the 3-D layout PP x
 """
 
 import pytest
-from harness import assert_close, launch_layouts, losses
+from harness import FP32_PARITY_TOL, assert_close, launch_layouts, losses
 
-TOL = 1e-5
+TOL = FP32_PARITY_TOL  # class (b), reordered fp32 sums: derivation in tests/harness.py
 SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
              "ZBVZeroBubble", "DualPipeV"]
 VALIDATION = ["--validation.enable=true", "--validation.freq=3", "--validation.steps=2"]
@@ -80,6 +80,7 @@ def test_rank0_reports_the_last_stage_metrics(runs):
     assert records[-1]["loss"] < records[0]["loss"]
     reference = [r for r in runs["reference"] if "loss" in r]
     for record, expected in zip(records, reference, strict=True):
+        # Tells the global norm from one stage's (>= 10% off); reordering moves it ~1e-6.
         assert record["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-4)
         for key in ("step", "loss", "lr", "tokens_per_second", "tflops", "mfu", "memory_gib"):
             assert record[key] is not None and record[key] > 0, key

@@ -22,8 +22,10 @@ def test_microbatch_sums_equal_the_whole_batch_in_loss_and_gradient():
     split = sum(cross_entropy_sum(head(h), y) / total
                 for h, y in zip(hidden.split([1, 2, 3]), labels.split([1, 2, 3]), strict=True))
     split.backward()
-    assert torch.allclose(split, whole, atol=1e-6)
-    assert torch.allclose(head.weight.grad, expected_grad, atol=1e-6)
+    # The same terms summed in another order (class b): at worst (n + 5) roundings of 2^-24
+    # for n = 25 tokens, times the mean loss 2.7: 4.8e-6 (measured 4.8e-7, 2 ulps).
+    assert torch.allclose(split, whole, atol=5e-6)
+    assert torch.allclose(head.weight.grad, expected_grad, atol=1e-6)  # grads < 0.2: 60 ulps
     assert torch.allclose(whole, torch.nn.functional.cross_entropy(
         head(hidden).flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX), atol=1e-6)
 

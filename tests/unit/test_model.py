@@ -64,6 +64,8 @@ def test_forward_shape_and_causality():
     assert logits.shape == (2, 32, 512)
     changed = tokens.clone()
     changed[:, 20:] = (changed[:, 20:] + 1) % 512
+    # Bitwise by construction (a row never reads later tokens; measured 0); 1e-6 is 2 ulps of
+    # logits < 5, room for a kernel that blocks rows another way, far below a causality leak.
     assert torch.allclose(model(changed)[:, :20], logits[:, :20], atol=1e-6)
     assert not torch.allclose(model(changed)[:, 20:], logits[:, 20:])
 
@@ -88,6 +90,7 @@ def test_tied_head_is_the_embedding_table():
         model.layers["2"](model.layers["1"](model.layers["0"](
             model.tok_embeddings(tokens), model.rope_cache), model.rope_cache),
             model.rope_cache), model.rope_cache))
+    # The same products summed by F.linear's kernel or by @ (class b): logits < 12, ulp 9.5e-7.
     assert torch.allclose(model(tokens), hidden @ model.tok_embeddings.weight.T, atol=1e-5)
 
 
@@ -95,11 +98,12 @@ def test_rope_is_a_rotation_and_relative():
     cache = Transformer(dataclasses.replace(llama3_flavors["tiny"], max_seq_len=16)).rope_cache
     q, k = torch.randn(1, 16, 1, 16), torch.randn(1, 1, 1, 16)
     rq = apply_rope(q, cache)
-    assert torch.allclose(rq.norm(dim=-1), q.norm(dim=-1), atol=1e-5)
+    assert torch.allclose(rq.norm(dim=-1), q.norm(dim=-1), atol=1e-5)  # |q| ~ 4: 20 ulps
     # The score between positions i and j depends on i - j only.
     k_all = apply_rope(k.expand(1, 16, 1, 16).contiguous(), cache)
     q_all = apply_rope(q[:, :1].expand(1, 16, 1, 16).contiguous(), cache)
     scores = (q_all * k_all).sum(-1).squeeze()
+    # Angles pos x theta (pos < 16) rounded in fp32: <= 16 eps, times |q||k| ~ 16: 3e-5.
     assert torch.allclose(scores, scores[0].expand(16), atol=1e-4)
 
 

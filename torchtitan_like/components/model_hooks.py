@@ -111,6 +111,13 @@ class StepHooks:
     def _records(self) -> bool:
         return self._scale is not None and self._recording and not recomputing()
 
+    @property
+    def records_now(self) -> bool:
+        """True in the forward of a real training microbatch, the forwards whose values are
+        recorded (not validation, a pipeline's metadata-inference forward, or recomputation):
+        for model state that must count exactly those forwards (MoE token counts)."""
+        return self._records()
+
     def add_loss(self, name: str, carrier: torch.Tensor, term_sum: torch.Tensor) -> torch.Tensor:
         """Add ``term_sum`` (a scalar in the units of the microbatch's cross-entropy SUM) to
         this microbatch's training loss; returns ``carrier``, to be used in its place.

@@ -173,6 +173,12 @@ class Parallelism:
     context_parallel_load_balancer: Literal["headtail", "none"] = "headtail"
     """CP layout: headtail (rank r holds chunks r and 2cp-1-r, equal causal work) or none."""
 
+    expert_parallel_degree: int = 1
+    """Ranks splitting a MoE layer's routed experts (borrowed from dp_shard x cp); 1 = off."""
+
+    expert_tensor_parallel_degree: int = 1
+    """TP inside each expert: 1 (EP also borrows the TP ranks) or tensor_parallel_degree."""
+
     pipeline_parallel_degree: int = 1
     """Ranks along the pipeline: consecutive layers cut into stages on separate ranks; 1 = no PP."""
 

@@ -21,6 +21,7 @@ from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.manager import coerce, did_you_mean
 
 if TYPE_CHECKING:
+    from torchtitan_like.components.optimizer import OptimizersContainer
     from torchtitan_like.config.job_config import JobConfig
     from torchtitan_like.distributed.parallel_dims import Meshes, ParallelDims
 
@@ -40,6 +41,10 @@ class BaseModelArgs(abc.ABC):
     @abc.abstractmethod
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs (forward + backward) per token."""
+
+    def num_routed_experts(self) -> int:
+        """Routed experts per MoE layer, which expert parallelism splits; 0 = a dense model."""
+        return 0
 
     def validate(self, job_config: JobConfig, parallel_dims: ParallelDims) -> None:  # noqa: B027
         """Raise ConfigError if this model cannot run the job's layout; default: anything goes."""
@@ -66,6 +71,10 @@ PARALLEL_DIMS = {"tp": "tensor_parallel_degree", "cp": "context_parallel_degree"
 """Model-specific parallel dimensions and their [parallelism] degree fields."""
 
 ParallelizeFn = Callable[["nn.Module", "ParallelDims", "Meshes", "JobConfig"], "nn.Module"]
+OptimizerHooksFn = Callable[
+    [list["nn.Module"], "OptimizersContainer", "ParallelDims", "Meshes"], None]
+"""(model parts, their optimizers, dims, meshes) -> registers per-step state updates as
+optimizer step post-hooks (e.g. MoE bias balancing, models/moe/balancing.py)."""
 PipeliningFn = Callable[["nn.Module", list[int], "JobConfig"], list["nn.Module"]]
 """(model on meta, this rank's stage indices, job) -> one module per stage, each the model with
 the other stages' modules removed and parameter names unchanged (distributed/pipeline.py)."""
@@ -90,6 +99,10 @@ class ModelSpec:
 
     hf_adapter: Callable[[Any], HFAdapter] | None = None
     """Builds the HuggingFace converter for a flavor's args; None = no HF interop."""
+
+    register_optimizer_hooks: OptimizerHooksFn | None = None
+    """Called once the optimizers exist, to hook model state updated after each optimizer
+    step; None = nothing to hook."""
 
     context_parallel_buffers: Callable[[nn.Module], list[tuple[torch.Tensor, int]]] | None = None
     """A model part's buffers laid out along the sequence, as (buffer, its sequence dim), that

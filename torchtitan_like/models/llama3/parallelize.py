@@ -9,6 +9,8 @@ goes through this same plan.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -28,12 +30,19 @@ from torchtitan_like.distributed.plan_toolkit import apply_block_tail, attention
 from torchtitan_like.distributed.tensor_parallel import materialise_output, maybe_enable_async_tp
 from torchtitan_like.models.llama3.model import Transformer
 
+BlockPlanFn = Callable[[nn.Module, str], dict[str, ParallelStyle]]
+"""(a transformer block, device type) -> its TP plan, module name -> style."""
+
 
 def parallelize_llama(
-    model: Transformer, parallel_dims: ParallelDims, meshes: Meshes, config: JobConfig
+    model: Transformer, parallel_dims: ParallelDims, meshes: Meshes, config: JobConfig,
+    block_plan: BlockPlanFn | None = None,
 ) -> Transformer:
+    """``block_plan`` is one block's TP plan (default: llama's ``block_tp_plan``); a family
+    on the same skeleton with more modules in a block passes its own."""
     if parallel_dims.tp_enabled:
-        apply_tp(model, meshes.tp, loss_parallel=parallel_dims.loss_parallel_enabled)
+        apply_tp(model, meshes.tp, loss_parallel=parallel_dims.loss_parallel_enabled,
+                 block_plan=block_plan or block_tp_plan)
         maybe_enable_async_tp(config.parallelism.enable_async_tensor_parallel, meshes.tp)
     # Context parallel changes no module: the trainer's train_context shards each microbatch
     # and the RoPE table (context_parallel_buffers) and swaps SDPA for ring attention.
@@ -51,7 +60,8 @@ def context_parallel_buffers(model: Transformer) -> list[tuple[torch.Tensor, int
     return [(model.rope_cache, 0)]
 
 
-def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, loss_parallel: bool) -> None:
+def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, loss_parallel: bool,
+             block_plan: BlockPlanFn) -> None:
     """Megatron TP with sequence parallel (distributed/tensor_parallel.py) on a model part.
 
     Between blocks the hidden states are sequence-sharded local tensors (Shard(1)); that is
@@ -72,7 +82,7 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, loss_parallel: bool) ->
         )
     parallelize_module(model, tp_mesh, edges)
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, _block_plan(block, tp_mesh.device_type))
+        parallelize_module(block, tp_mesh, block_plan(block, tp_mesh.device_type))
     if model.tok_embeddings is not None:
         materialise_output(model.tok_embeddings)  # before it reaches a compiled block
         if model.norm is not None and model.args.tie_word_embeddings:
@@ -90,7 +100,7 @@ def _shard_tied_head(model: Transformer, tp_mesh: DeviceMesh, loss_parallel: boo
         model.register_forward_hook(lambda _module, _args, logits: logits.full_tensor())
 
 
-def _block_plan(block: nn.Module, device_type: str) -> dict[str, ParallelStyle]:
+def block_tp_plan(block: nn.Module, device_type: str) -> dict[str, ParallelStyle]:
     """One transformer block: SP norms, then all-gather -> column-wise -> row-wise ->
     reduce-scatter around attention and around the feed-forward (distributed/plan_toolkit.py)."""
     return {

@@ -1,0 +1,29 @@
+from torchtitan_like.models.deepseek_v3.args import (
+    DeepSeekV3Args,
+    YarnScaling,
+    deepseek_v3_flavors,
+)
+from torchtitan_like.models.deepseek_v3.hf_adapter import DeepSeekV3HFAdapter
+from torchtitan_like.models.deepseek_v3.model import DeepSeekV3Model
+from torchtitan_like.models.deepseek_v3.parallelize import (
+    parallelize_deepseek_v3,
+    register_optimizer_hooks,
+)
+from torchtitan_like.models.llama3.pipeline import pipeline_llama
+from torchtitan_like.models.registry import ModelSpec, register_model
+
+register_model(
+    ModelSpec(
+        name="deepseek_v3",
+        model_cls=DeepSeekV3Model,
+        flavors=deepseek_v3_flavors,
+        parallelize_fn=parallelize_deepseek_v3,
+        hf_adapter=DeepSeekV3HFAdapter,
+        # tok_embeddings, layers.0 .. n-1, norm, output in forward order, as llama3: its split.
+        pipelining_fn=pipeline_llama,
+        register_optimizer_hooks=register_optimizer_hooks,
+    )
+)
+
+__all__ = ["DeepSeekV3Args", "DeepSeekV3HFAdapter", "DeepSeekV3Model", "YarnScaling",
+           "deepseek_v3_flavors", "parallelize_deepseek_v3", "register_optimizer_hooks"]

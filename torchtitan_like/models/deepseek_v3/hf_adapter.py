@@ -1,0 +1,170 @@
+"""DeepSeek-V3 <-> HuggingFace ``DeepseekV3ForCausalLM``: parameter names and config.json.
+
+The HF layout is the one DeepSeek publishes (deepseek-ai/DeepSeek-V3 on the Hub): one tensor
+per expert and projection (``mlp.experts.{j}.gate_proj.weight``), which transformers 5 fuses
+on load and other readers (transformers 4, inference engines) read as is. Our experts are
+stacked (E, ...) tensors, so export slices them and import stacks them; every other tensor maps
+one to one. RoPE needs no permutation: both models rotate DeepSeek's interleaved pairs
+(``rope_interleave``). The selection bias is HF's ``e_score_correction_bias``. Only the
+DeepSeek-V3 gating (sigmoid scores, shared experts) has this HF class; the softmax-gated V2
+flavors are refused. The logits test is tests/e2e/test_hf_deepseek_v3.py.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from torchtitan_like.models.deepseek_v3.args import DeepSeekV3Args
+
+_TOP = {
+    "tok_embeddings.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK = {
+    "attention_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attention.wq.weight": "self_attn.q_proj.weight",
+    "attention.wq_a.weight": "self_attn.q_a_proj.weight",
+    "attention.q_norm.weight": "self_attn.q_a_layernorm.weight",
+    "attention.wq_b.weight": "self_attn.q_b_proj.weight",
+    "attention.wkv_a.weight": "self_attn.kv_a_proj_with_mqa.weight",
+    "attention.kv_norm.weight": "self_attn.kv_a_layernorm.weight",
+    "attention.wkv_b.weight": "self_attn.kv_b_proj.weight",
+    "attention.wo.weight": "self_attn.o_proj.weight",
+    "feed_forward.w1.weight": "mlp.gate_proj.weight",
+    "feed_forward.w2.weight": "mlp.down_proj.weight",
+    "feed_forward.w3.weight": "mlp.up_proj.weight",
+    "moe.router.gate.weight": "mlp.gate.weight",
+    "moe.expert_bias": "mlp.gate.e_score_correction_bias",
+    "moe.shared_experts.w1.weight": "mlp.shared_experts.gate_proj.weight",
+    "moe.shared_experts.w2.weight": "mlp.shared_experts.down_proj.weight",
+    "moe.shared_experts.w3.weight": "mlp.shared_experts.up_proj.weight",
+}
+_EXPERTS = {"moe.experts.w1": "gate_proj", "moe.experts.w2": "down_proj",
+            "moe.experts.w3": "up_proj"}
+_OURS = re.compile(r"layers\.(\d+)\.(.+)")
+_THEIRS = re.compile(r"model\.layers\.(\d+)\.(.+)")
+_THEIR_EXPERT = re.compile(r"mlp\.experts\.(\d+)\.(gate_proj|down_proj|up_proj)\.weight")
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+class DeepSeekV3HFAdapter:
+    """Converts state dicts and configs of one DeepSeek-V3 shape (``args``) to and from HF's."""
+
+    def __init__(self, args: DeepSeekV3Args):
+        self.args = args
+        self._from_block = {v: k for k, v in _BLOCK.items()}
+        self._from_top = {v: k for k, v in _TOP.items()}
+
+    def to_hf(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """Our FQNs -> HF names; stacked experts become one tensor per expert (views)."""
+        self._require_v3_gating()
+        out = {}
+        for key, value in state_dict.items():
+            if key in _TOP:
+                out[_TOP[key]] = value
+                continue
+            m = _OURS.fullmatch(key)
+            if m and m.group(2) in _BLOCK:
+                out[f"model.layers.{m.group(1)}.{_BLOCK[m.group(2)]}"] = value
+            elif m and m.group(2) in _EXPERTS:
+                if isinstance(value, DTensor):
+                    raise ValueError("deepseek_v3 reads HuggingFace weights into a sharded "
+                                     "model only through a seed checkpoint: convert them with "
+                                     "scripts/convert_hf.py and set initial_load_path to it")
+                for j in range(value.shape[0]):
+                    name = f"model.layers.{m.group(1)}.mlp.experts.{j}.{_EXPERTS[m.group(2)]}"
+                    out[f"{name}.weight"] = value[j]
+            else:
+                raise ValueError(f"no HuggingFace name for parameter {key!r}")
+            if m.group(2) == "moe.router.gate.weight" and self.args.moe.load_balance_coeff is None:
+                # HF always has the bias; ours routes without one, i.e. with zeros.
+                out[f"model.layers.{m.group(1)}.mlp.gate.e_score_correction_bias"] = (
+                    torch.zeros(self.args.moe.num_experts, dtype=torch.float32))
+        return out
+
+    def from_hf(self, hf_state_dict: dict[str, Any]) -> dict[str, Any]:
+        """HF names -> our FQNs; per-expert tensors are stacked in expert order."""
+        self._require_v3_gating()
+        out: dict[str, Any] = {}
+        experts: dict[str, dict[int, Any]] = {}
+        for key, value in hf_state_dict.items():
+            if key in self._from_top:
+                out[self._from_top[key]] = value
+                continue
+            m = _THEIRS.fullmatch(key)
+            if m and (e := _THEIR_EXPERT.fullmatch(m.group(2))):
+                ours = {v: k for k, v in _EXPERTS.items()}[e.group(2)]
+                experts.setdefault(f"layers.{m.group(1)}.{ours}", {})[int(e.group(1))] = value
+            elif m and m.group(2) in self._from_block:
+                out[f"layers.{m.group(1)}.{self._from_block[m.group(2)]}"] = value
+            elif not (m and m.group(2).startswith("self_attn.rotary_emb")):
+                raise ValueError(f"unknown HuggingFace DeepseekV3 parameter {key!r}")
+        for key, per_expert in experts.items():
+            out[key] = torch.stack([per_expert[j] for j in range(len(per_expert))])
+        if self.args.moe.load_balance_coeff is None:
+            self._drop_zero_biases(out)
+        return out
+
+    def _require_v3_gating(self) -> None:
+        if self.args.moe.score_func != "sigmoid" or self.args.moe.num_shared_experts < 1:
+            raise ValueError("HuggingFace's DeepseekV3 layout has sigmoid gating and shared "
+                             "experts; this flavor (DeepSeek-V2 style) has no HF mapping")
+
+    @staticmethod
+    def _drop_zero_biases(state: dict[str, Any]) -> None:
+        """A model without the bias can take HF's only where it is zero (routes the same)."""
+        for key in [k for k in state if k.endswith("moe.expert_bias")]:
+            if torch.count_nonzero(state.pop(key)):
+                raise ValueError(f"{key}: the HF checkpoint has a non-zero routing bias and "
+                                 "this flavor routes without one (load_balance_coeff = None)")
+
+    def hf_config(self, dtype: torch.dtype) -> dict[str, Any]:
+        """config.json for ``DeepseekV3ForCausalLM`` (legacy ``rope_scaling`` keys)."""
+        self._require_v3_gating()
+        a, s = self.args, self.args.rope_scaling
+        rope_scaling = None if not a.yarn_active else {
+            "type": "yarn", "rope_type": "yarn", "factor": s.factor,
+            "original_max_position_embeddings": s.original_max_position,
+            "beta_fast": s.beta_fast, "beta_slow": s.beta_slow, "mscale": s.mscale,
+            "mscale_all_dim": s.mscale_all_dim,
+        }
+        return {
+            "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+            **self._shape(), "rope_scaling": rope_scaling, "max_position_embeddings": a.max_seq_len,
+            "scoring_func": "sigmoid", "topk_method": "noaux_tc", "rope_interleave": True,
+            "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False,
+            "initializer_range": 0.02, "torch_dtype": _DTYPE_NAMES[dtype],
+        }
+
+    def _shape(self) -> dict[str, Any]:
+        """The config.json fields that must equal ours for the weights to mean the same."""
+        a, m = self.args, self.args.moe
+        return {
+            "vocab_size": a.vocab_size, "hidden_size": a.dim, "intermediate_size": a.inter_dim,
+            "moe_intermediate_size": a.moe_inter_dim, "num_hidden_layers": a.n_layers,
+            "num_attention_heads": a.n_heads, "num_key_value_heads": a.n_heads,
+            "first_k_dense_replace": a.n_dense_layers, "n_routed_experts": m.num_experts,
+            "n_shared_experts": m.num_shared_experts, "num_experts_per_tok": m.top_k,
+            "routed_scaling_factor": m.route_scale, "norm_topk_prob": m.route_norm,
+            "n_group": m.num_expert_groups, "topk_group": m.num_limited_groups,
+            "q_lora_rank": a.q_lora_rank or None, "kv_lora_rank": a.kv_lora_rank,
+            "qk_nope_head_dim": a.qk_nope_head_dim, "qk_rope_head_dim": a.qk_rope_head_dim,
+            "v_head_dim": a.v_head_dim, "rms_norm_eps": a.norm_eps, "rope_theta": a.rope_theta,
+        }
+
+    def check_config(self, hf_config: dict[str, Any]) -> None:
+        """ValueError naming every field where an HF config.json differs from ``args``."""
+        self._require_v3_gating()
+        rope = hf_config.get("rope_scaling") or hf_config.get("rope_parameters") or {}
+        theirs = {**hf_config, "rope_theta": hf_config.get("rope_theta", rope.get("rope_theta"))}
+        differ = [f"{k}: HF {theirs.get(k)}, ours {v}" for k, v in self._shape().items()
+                  if theirs.get(k) != v]
+        if differ:
+            raise ValueError("the HuggingFace config.json does not describe this model ("
+                             + "; ".join(differ) + "); choose the matching [model] flavor")

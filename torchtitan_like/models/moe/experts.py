@@ -1,0 +1,65 @@
+"""Routed experts as stacked SwiGLU weights, computed over tokens already sorted by expert.
+
+``GroupedExperts.forward(x, num_tokens_per_expert)`` is the seam expert parallelism wraps: it
+shards the expert dimension of the weights and exchanges ``x`` (all-to-all) in front of this
+forward, so routing, sorting and combining stay outside, in the MoE layer (moe.py)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+
+class GroupedExperts(nn.Module):
+    """``num_experts`` SwiGLUs stored as w1, w3: (E, hidden, dim) and w2: (E, dim, hidden)."""
+
+    def __init__(self, dim: int, hidden_dim: int, num_experts: int, use_grouped_mm: bool = True):
+        super().__init__()
+        if use_grouped_mm and (dim % 8 or hidden_dim % 8):
+            raise ValueError(f"grouped GEMM needs dim ({dim}) and the expert hidden size "
+                             f"({hidden_dim}) to be multiples of 8 (16-byte aligned rows in "
+                             "bf16); change them or set use_grouped_mm = False")
+        self.num_experts = num_experts
+        self.use_grouped_mm = use_grouped_mm
+        self.w1 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
+        self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden_dim))
+        self.w3 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
+
+    def forward(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
+        """x (tokens, dim), rows grouped by expert in expert order; num_tokens_per_expert
+        (local experts,) integer counts summing to ``tokens``. Returns (tokens, dim)."""
+        # Under expert parallelism the weights are DTensors sharded over experts; the local
+        # shard holds exactly the experts whose tokens ``x`` carries.
+        w1, w2, w3 = (w.to_local() if isinstance(w, DTensor) else w
+                      for w in (self.w1, self.w2, self.w3))
+        if self.use_grouped_mm:
+            return _grouped_swiglu(x, num_tokens_per_expert, w1, w2, w3)
+        return _looped_swiglu(x, num_tokens_per_expert, w1, w2, w3)
+
+    def init_weights(self, init_std: float) -> None:
+        nn.init.trunc_normal_(self.w1, mean=0.0, std=0.02)
+        for w in (self.w2, self.w3):
+            nn.init.trunc_normal_(w, mean=0.0, std=init_std)
+
+
+def _grouped_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor,
+                    w2: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:
+    """Three grouped GEMMs; group g is rows offs[g-1]:offs[g] (offs = cumsum of counts), an
+    empty group contributes nothing and gets a zero gradient."""
+    offs = torch.cumsum(counts, dim=0, dtype=torch.int32)
+    x = x.to(w1.dtype)
+    h = F.silu(torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs))
+    h = h * torch._grouped_mm(x, w3.transpose(-2, -1), offs=offs)
+    return torch._grouped_mm(h, w2.transpose(-2, -1), offs=offs).type_as(x)
+
+
+def _looped_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor,
+                   w2: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:
+    """The reference: one SwiGLU per expert over its slice of rows."""
+    outputs = []
+    for e, rows in enumerate(torch.split(x, counts.tolist(), dim=0)):
+        h = F.silu(rows @ w1[e].transpose(0, 1)) * (rows @ w3[e].transpose(0, 1))
+        outputs.append(h @ w2[e].transpose(0, 1))
+    return torch.cat(outputs, dim=0)
