@@ -78,6 +78,7 @@ def validate(config: JobConfig, world_size: int) -> None:
     grad_accumulation_steps(config, parallel_dims.dp)
     tensor_parallel.validate(config, parallel_dims)
     spec, args = model_spec_and_args(config)
+    check_supported_dims(spec, config)
     validate_expert_layout(parallel_dims, args.num_routed_experts())
     context_parallel.validate(config, parallel_dims, spec.context_parallel_buffers is not None)
     if parallel_dims.pp > 1:
@@ -85,7 +86,6 @@ def validate(config: JobConfig, world_size: int) -> None:
                  f"[model] name {spec.name!r} has no pipeline split (ModelSpec.pipelining_fn); "
                  "set [parallelism] pipeline_parallel_degree = 1")
         validate_pipeline(config)
-    check_supported_dims(spec, config)
     args.validate(config, parallel_dims)
 
     tokenizer = build_tokenizer(config.model.tokenizer_path)

@@ -105,3 +105,12 @@ def test_continue_config_validates_with_the_published_folder(tmp_path, monkeypat
         parse_args(["--job.config_file", str(CONFIGS / "qwen3_0.6b_continue.toml"),
                     "--model.tokenizer_path=", "--training.dataset=cpython_docs",
                     "--model.flavor=1.7B"], 8)
+
+
+def test_expert_parallelism_is_refused_before_start_up():
+    """llama's plan, which Qwen3 reuses, has no expert-parallel step: EP must not be accepted
+    and silently train replicated experts."""
+    with pytest.raises(ConfigError, match=r"model 'qwen3' supports only data parallelism and "
+                                          r"\[cp, pp, tp\]"):
+        parse_args(["--model.name", "qwen3", "--model.flavor", "debugmodel_moe",
+                    "--parallelism.expert_parallel_degree", "2"], 2)
