@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Train with torchrun. Every argument is passed on as a config override (--section.key=value).
 #
+# It runs from any directory: relative paths given here (CONFIG_FILE, PYTHON, path overrides)
+# mean paths from where you stand (scripts/user_paths.sh); paths inside a TOML are resolved
+# against the checkout, where the trainer runs.
+#
 #   NPROC (alias NGPU)  processes on this node; default: the number of GPUs, or 1 without one
-#   CONFIG_FILE         TOML config; default train_configs/debug_model.toml
+#   CONFIG_FILE         TOML config; default train_configs/debug_model.toml of the checkout
 #   LOG_RANK            ranks whose output is shown (comma-separated); default 0
 #   MAX_RESTARTS        torchrun restarts of the whole job after a failure; default 0
 #   PYTHON              interpreter to use (default: ./.venv, created on first run)
@@ -12,8 +16,14 @@
 # (see scripts/multinode.slurm).
 
 set -euo pipefail
+source "$(dirname "$0")/scripts/user_paths.sh"
+user_args "$@"
+[[ -z "${CONFIG_FILE:-}" ]] || CONFIG_FILE="$(user_path "$CONFIG_FILE")"
+[[ "${PYTHON:-}" != */* ]] || PYTHON="$(user_path "$PYTHON")"
 cd "$(dirname "$0")"
 source scripts/ensure_env.sh
+# No silent CPU fallback: GPUs listed but unusable by this torch stop here with one line.
+if command -v nvidia-smi >/dev/null 2>&1; then "$PYTHON" -m torchtitan_like.distributed.gpu_check; fi
 
 if [[ -z "${NPROC:-${NGPU:-}}" ]]; then
   NPROC=$(nvidia-smi -L 2>/dev/null | wc -l || true)
@@ -36,7 +46,7 @@ export TORCHAO_FORCE_SKIP_LOADING_SO_FILES="${TORCHAO_FORCE_SKIP_LOADING_SO_FILE
 
 # Check the job in one process first: a bad config or dataset is one line and exit code 2,
 # before torchrun starts; --help and --print_config are answered there too.
-preflight=("$PYTHON" -m torchtitan_like.preflight --job.config_file "$CONFIG_FILE" "$@")
+preflight=("$PYTHON" -m torchtitan_like.preflight --job.config_file "$CONFIG_FILE" "${USER_ARGS[@]}")
 for arg in "$@"; do
   case "$arg" in -h|--help|--print_config) WORLD_SIZE=$((NPROC * NNODES)) exec "${preflight[@]}" ;; esac
 done
@@ -44,4 +54,4 @@ WORLD_SIZE=$((NPROC * NNODES)) "${preflight[@]}" || exit $?
 
 exec "$PYTHON" -m torch.distributed.run "${rdzv[@]}" --nproc_per_node="$NPROC" \
   --max-restarts="${MAX_RESTARTS:-0}" --local-ranks-filter="$LOG_RANK" --role=rank --tee=3 \
-  -m torchtitan_like.train --job.config_file "$CONFIG_FILE" "$@"
+  -m torchtitan_like.train --job.config_file "$CONFIG_FILE" "${USER_ARGS[@]}"

@@ -3,8 +3,11 @@
 #   PYTHON=/path/to/python   use that interpreter as is (your own environment; nothing installed)
 #   otherwise                 ./.venv, created on first use and refreshed when pyproject.toml changes
 # torch: an existing install is kept. A new .venv without a GPU gets torch==2.13.0 (the CPU build
-# the CPU notes were measured with); with a GPU, the newest torch>=2.13 (a CUDA build).
-# TORCH_SPEC overrides that choice, e.g. TORCH_SPEC="torch==2.14.1".
+# the CPU notes were measured with); with a GPU (nvidia-smi present), the tested pair
+# torch==2.13.0 and torchao==0.18.0, as CUDA builds from TORCH_INDEX_URL when set (choose the
+# index for the machine's driver, e.g. https://download.pytorch.org/whl/cu126 for a driver older
+# than the default wheel's CUDA needs; docs/gpu.md), else from PyPI (its default CUDA build).
+# TORCH_SPEC / TORCHAO_SPEC override the versions, e.g. TORCH_SPEC="torch==2.14.1".
 
 set -euo pipefail
 _root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,10 +23,10 @@ if [[ ! -f "$_stamp" ]]; then
   [[ -x "$_venv/bin/python" ]] || python3 -m venv "$_venv"
   "$_venv/bin/python" -m pip install -q --upgrade pip >&2
   if ! "$_venv/bin/python" -c "import torch" 2>/dev/null; then
-    if [[ -z "${TORCH_SPEC:-}" ]]; then
-      if command -v nvidia-smi >/dev/null 2>&1; then TORCH_SPEC="torch>=2.13"; else TORCH_SPEC="torch==2.13.0"; fi
-    fi
-    "$_venv/bin/python" -m pip install -q "$TORCH_SPEC" >&2
+    _specs=("${TORCH_SPEC:-torch==2.13.0}")
+    command -v nvidia-smi >/dev/null 2>&1 && _specs+=("${TORCHAO_SPEC:-torchao==0.18.0}")
+    "$_venv/bin/python" -m pip install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
+      "${_specs[@]}" >&2
   fi
   "$_venv/bin/python" -m pip install -q -e "$_root[${TT_EXTRAS:-dev}]" >&2
   rm -f "$_venv"/.installed-*

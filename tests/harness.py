@@ -108,18 +108,20 @@ def build_trainer(overrides: list[str], dump_folder: Path, corpus: Path, device)
 
 
 def launch(nproc: int, cases: dict[str, list[str]], workdir: Path, corpus: Path,
-           timeout: int = 600, max_restarts: int = 0) -> dict[str, list[dict]]:
+           timeout: int = 600, max_restarts: int = 0, worker: Path = WORKER
+           ) -> dict[str, list[dict]]:
     """Train every case (CLI overrides on top of BASE) in one torchrun of ``nproc`` processes.
 
     Returns each case's metrics.jsonl records. Raises with the launch's output on failure.
     With ``max_restarts``, torchrun restarts the whole worker after a failure (cases that
     finished are retrained, or resumed from their last checkpoint when they save one).
+    ``worker`` is the torchrun entry (parallel/worker.py unless a test records more).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     spec = {name: job_args(overrides, workdir / name, corpus) for name, overrides in cases.items()}
     (workdir / "cases.json").write_text(json.dumps(spec))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", f"--max-restarts={max_restarts}", str(WORKER),
+           f"--nproc_per_node={nproc}", f"--max-restarts={max_restarts}", str(worker),
            str(workdir / "cases.json")]
     proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True,
                           timeout=timeout)
@@ -127,6 +129,15 @@ def launch(nproc: int, cases: dict[str, list[str]], workdir: Path, corpus: Path,
         raise RuntimeError(f"launch of {nproc} processes failed:\n{proc.stdout[-4000:]}\n"
                            f"{proc.stderr[-8000:]}")
     return {name: read_metrics(workdir / name) for name in cases}
+
+
+def launch_layouts(layouts: dict[int, dict[str, list[str]]], root: Path,
+                   corpus: Path) -> dict[str, list[dict]]:
+    """``launch`` once per world size of ``{nproc: cases}``, into ``root/<nproc>``."""
+    results = {}
+    for nproc, cases in layouts.items():
+        results.update(launch(nproc, cases, root / str(nproc), corpus))
+    return results
 
 
 def read_metrics(folder: Path) -> list[dict]:

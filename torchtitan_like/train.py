@@ -38,6 +38,7 @@ from torchtitan_like.distributed import context_parallel, pipeline
 from torchtitan_like.distributed import utils as dist_utils
 from torchtitan_like.distributed.compile import maybe_compile_loss, set_inductor_cache
 from torchtitan_like.distributed.parallel_dims import ParallelDims
+from torchtitan_like.distributed.plan_check import check_plan_applied
 from torchtitan_like.logging import init_logger, logger
 from torchtitan_like.models.registry import model_spec_and_args
 from torchtitan_like.validate import grad_accumulation_steps, parse_args
@@ -50,6 +51,19 @@ class TrainingDiverged(RuntimeError):
 
 
 class Trainer:
+    """Builds the job (``__init__``) and runs it (``train``).
+
+    A fork subclasses it and passes the subclass to ``main(trainer_cls=...)`` instead of
+    copying this file. Documented override points, each called once per microbatch or step:
+
+    - ``post_dataloading_process(inputs, labels)``: a microbatch right after loading, before
+      the labelled tokens are counted (e.g. mask labels, build extra inputs);
+    - ``forward_backward(inputs, labels, global_tokens)``: forward and backward of one
+      microbatch (one schedule step under PP), returning its share of the step's loss;
+    - ``train_step(microbatches)``: a whole optimizer step.
+    Model-side loss terms and metrics need no override: components/model_hooks.py.
+    """
+
     def __init__(self, config: JobConfig, device: torch.device):
         self.config = config
         self.device = device
@@ -86,6 +100,7 @@ class Trainer:
         self.model_parts = [
             spec.parallelize_fn(part, self.parallel_dims, self.meshes, config) for part in parts
         ]
+        check_plan_applied(spec.name, self.model_parts, self.parallel_dims, config)
         self.step_hooks = StepHooks()  # loss terms and metrics of the model's own modules
         for part in self.model_parts:
             attach_step_hooks(part, self.step_hooks)
@@ -161,11 +176,15 @@ class Trainer:
         )
 
     def state_dict(self) -> dict[str, int]:
-        """The trainer's own part of a checkpoint (components/checkpoint.py adds RNG states)."""
+        """The trainer's own part of a checkpoint (checkpoint/states.py adds RNG states)."""
         return {"step": self.step, "tokens_seen": self.tokens_seen}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
+
+    def post_dataloading_process(self, inputs: torch.Tensor, labels: torch.Tensor) -> Batch:
+        """One loaded microbatch (on the CPU), as the step will use it; the default keeps it."""
+        return inputs, labels
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor,
                          global_tokens: torch.Tensor) -> torch.Tensor:
@@ -247,7 +266,8 @@ class Trainer:
         while self.step < training.steps:
             self.step += 1
             start = time.perf_counter()
-            microbatches = [next(data) for _ in range(self.grad_accumulation_steps)]
+            microbatches = [self.post_dataloading_process(*next(data))
+                            for _ in range(self.grad_accumulation_steps)]
             self.metrics.add_step(tokens_per_step, time.perf_counter() - start)
             self.tokens_seen += tokens_per_step * self.parallel_dims.dp
             lr = self.lr_schedulers.last_lr
@@ -280,7 +300,8 @@ class Trainer:
             else ""))
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, trainer_cls: type[Trainer] = Trainer) -> None:
+    """The trainer's entry point; a fork calls it with its own ``Trainer`` subclass."""
     init_logger()
     warnings.filterwarnings("ignore", message="'set_vital' is deprecated")  # torchdata 0.11
     try:
@@ -291,13 +312,16 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
     device = dist_utils.init_distributed()
     try:
-        Trainer(config, device).train()
+        trainer_cls(config, device).train()
     except TrainingDiverged as e:
         logger.error(f"training diverged: {e}")
         raise SystemExit(3) from None
     except CheckpointError as e:
         logger.error(f"checkpoint error: {e}")
         raise SystemExit(4) from None
+    except ConfigError as e:  # what only the built model shows (plan_check.py)
+        logger.error(f"config error: {e}")
+        raise SystemExit(2) from None
     finally:
         dist.destroy_process_group()
 

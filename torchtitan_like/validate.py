@@ -9,13 +9,17 @@ above ``config/`` (which imports nothing outside itself) because the checks ask 
 
 from __future__ import annotations
 
+import contextlib
+
 from torchtitan_like.components import float8, profiling
 from torchtitan_like.components.checkpoint import validate_checkpoint
+from torchtitan_like.components.converters import resolve_converters
 from torchtitan_like.components.data.checks import check_data
 from torchtitan_like.components.data.tokenized import validate_data_options
 from torchtitan_like.components.data.tokenizer import build_tokenizer
 from torchtitan_like.components.fault_injection import validate_faults
 from torchtitan_like.components.hf_export import validate_hf_export
+from torchtitan_like.config.custom_sections import validate_custom_sections
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.config.manager import (
@@ -26,11 +30,13 @@ from torchtitan_like.config.manager import (
 )
 from torchtitan_like.distributed import context_parallel, tensor_parallel
 from torchtitan_like.distributed.activation_checkpoint import every_nth_layer
+from torchtitan_like.distributed.expert_layout import validate_expert_layout
+from torchtitan_like.distributed.gpu_check import require_usable_gpus
 from torchtitan_like.distributed.layout_rules import accumulation_steps
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.pipeline import validate_pipeline
 from torchtitan_like.distributed.utils import device_type
-from torchtitan_like.models.registry import model_spec_and_args
+from torchtitan_like.models.registry import check_supported_dims, model_spec_and_args
 
 
 def _require(condition: bool, message: str) -> None:
@@ -59,16 +65,21 @@ def _validate_numbers(config: JobConfig) -> None:
 
 
 def validate(config: JobConfig, world_size: int) -> None:
+    require_usable_gpus()  # before device_type() below could quietly pick the CPU
     _validate_numbers(config)
     ac = config.activation_checkpoint
     if ac.mode == "selective" and ac.selective_ac_option != "op":
         every_nth_layer(ac.selective_ac_option)
+    resolve_converters(config)
+    validate_custom_sections(config)
     float8.validate(config.float8, device_type())
     profiling.validate(config.profiling, device_type())
     parallel_dims = ParallelDims.from_config(config, world_size)
     grad_accumulation_steps(config, parallel_dims.dp)
     tensor_parallel.validate(config, parallel_dims)
     spec, args = model_spec_and_args(config)
+    check_supported_dims(spec, config)
+    validate_expert_layout(parallel_dims, args.num_routed_experts())
     context_parallel.validate(config, parallel_dims, spec.context_parallel_buffers is not None)
     if parallel_dims.pp > 1:
         _require(spec.pipelining_fn is not None,
@@ -98,6 +109,8 @@ def parse_args(argv: list[str], world_size: int) -> JobConfig:
     are checked against (torchrun's WORLD_SIZE, known before any process group exists).
     """
     if "--help" in argv or "-h" in argv:
+        with contextlib.suppress(ConfigError):  # imports custom_import (custom sections)
+            build_job_config([a for a in argv if a not in ("--help", "-h", "--print_config")])
         print(help_text())
         raise SystemExit(0)
     print_config = "--print_config" in argv

@@ -14,8 +14,8 @@ import pytest
 import torch
 from harness import ROOT, build_trainer
 
-from torchtitan_like.components.checkpoint import CheckpointError
 from torchtitan_like.components.hf_checkpoint import load_hf, save_hf
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.models.llama3 import Llama3HFAdapter, Transformer, llama3_flavors
 
 TINY = dataclasses.replace(llama3_flavors["tiny"], max_seq_len=64)
@@ -92,7 +92,7 @@ def test_jobs_start_from_hf_weights(one_process_group, corpus, tmp_path):
         for key, value in trainer.model_parts[0].state_dict().items():
             assert torch.equal(value, weights[key]), key
 
-    with pytest.raises(CheckpointError, match=r"does not describe this model .*hidden_size"):
+    with pytest.raises(ConfigError, match=r"does not describe this model .*hidden_size"):
         build_trainer(["--model.flavor", "debugmodel", "--checkpoint.initial_load_path", str(hf),
                        "--checkpoint.initial_load_in_hf", "true"], tmp_path / "wrong", corpus,
                       one_process_group)

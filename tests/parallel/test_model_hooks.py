@@ -17,7 +17,7 @@ rank or twice under recomputation moves aux_loss/z by ~50% and the loss by > 1e-
 from pathlib import Path
 
 import pytest
-from harness import assert_close, launch, losses
+from harness import assert_close, launch_layouts, losses
 
 TOL = 1e-5
 ZLOSS = ["--job.custom_import", str(Path(__file__).parent / "zloss_llama.py"),
@@ -41,9 +41,7 @@ LAYOUTS = {
 @pytest.fixture(scope="module")
 def runs(corpus, tmp_path_factory):
     root = tmp_path_factory.mktemp("model_hooks")
-    results = {}
-    for nproc, cases in LAYOUTS.items():
-        results.update(launch(nproc, cases, root / str(nproc), corpus))
+    results = launch_layouts(LAYOUTS, root, corpus)
     results["_root"] = root
     return results
 

@@ -14,7 +14,7 @@ composes through the same plan (PP x TP on 4 processes), and the 3-D layout PP x
 """
 
 import pytest
-from harness import FP32_PARITY_TOL, assert_close, launch, losses
+from harness import FP32_PARITY_TOL, assert_close, launch_layouts, losses
 
 TOL = FP32_PARITY_TOL  # class (b), reordered fp32 sums: derivation in tests/harness.py
 SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
@@ -59,11 +59,7 @@ LAYOUTS: dict[int, dict[str, list[str]]] = {
 
 @pytest.fixture(scope="module")
 def runs(corpus, tmp_path_factory):
-    root = tmp_path_factory.mktemp("pipeline")
-    results = {}
-    for nproc, cases in LAYOUTS.items():
-        results.update(launch(nproc, cases, root / str(nproc), corpus))
-    return results
+    return launch_layouts(LAYOUTS, tmp_path_factory.mktemp("pipeline"), corpus)
 
 
 def validation_losses(records: list[dict]) -> list[float]:

@@ -12,7 +12,8 @@ import torch
 from harness import build_trainer, read_metrics
 from torch.distributed.checkpoint import FileSystemReader
 
-from torchtitan_like.components.checkpoint import CheckpointError, purge, step_folders
+from torchtitan_like.components.checkpoint import CheckpointError
+from torchtitan_like.components.checkpoint.folder import purge, step_folders
 
 CKPT = ["--checkpoint.enable", "true", "--checkpoint.interval", "2", "--training.steps", "4"]
 

@@ -160,8 +160,8 @@ EXPLICIT = "--parallelism.pipeline_parallel_module_fqns_per_stage="
         ([EXPLICIT + "tok_embeddings layers.0,layers.1 layers.2 layers.3 norm output",
           "--parallelism.pipeline_parallel_stages_per_rank=2"], 2, r"set it to 0"),
         # a model without a pipeline split
-        (["--job.custom_import=examples/custom_model/tiny_gpt.py", "--model.name=tiny_gpt",
-          "--model.flavor=small"], 2, r"'tiny_gpt' has no pipeline split"),
+        (["--job.custom_import=tests/parallel/plan_models.py", "--model.name=llama3_lazy_plan",
+          "--model.flavor=tiny"], 2, r"'llama3_lazy_plan' has no pipeline split"),
     ],
 )
 def test_config_errors(args, world_size, message):

@@ -1,7 +1,8 @@
 """Every shipped config parses and validates at the world size it is written for.
 
-GPU-only switches are turned off for this CPU (async TP needs CUDA), and the 128K config's
-data, tokenizer and 8K checkpoint, which a user supplies, are replaced by the built-in ones.
+GPU-only switches are turned off for this CPU (async TP needs CUDA), and what a user supplies
+(the 128K config's data, tokenizer and 8K checkpoint; the Qwen3 HF folder, checked in
+tests/unit/test_qwen3.py) is replaced by the built-in data and tokenizer and no initial load.
 """
 
 from pathlib import Path
@@ -14,13 +15,16 @@ CONFIGS = Path(__file__).resolve().parents[2] / "train_configs"
 WORLD_SIZES = {
     "debug_model.toml": 1,
     "deepseek_v3_debug.toml": 1,
+    "deepseek_v3_671b.toml": 2048,
     "llama3_8b.toml": 8,
     "llama3_70b.toml": 64,
     "llama3_405b.toml": 16384,
     "llama3_405b_128k.toml": 16384,
+    "qwen3_0.6b_continue.toml": 8,
 }
 ON_THIS_CPU = ["--parallelism.enable_async_tensor_parallel=false", "--model.tokenizer_path=",
-               "--training.dataset=cpython_docs", "--checkpoint.initial_load_path="]
+               "--training.dataset=cpython_docs", "--checkpoint.initial_load_path=",
+               "--checkpoint.initial_load_in_hf=false"]
 
 
 def test_every_shipped_config_is_listed():
@@ -39,3 +43,11 @@ def test_the_405b_layouts_are_the_llama3_papers():
                    16384).parallelism
     assert (p.tensor_parallel_degree, p.context_parallel_degree, p.pipeline_parallel_degree,
             p.data_parallel_shard_degree) == (8, 16, 16, 8)
+
+
+def test_the_671b_layout_is_deepseek_v3s():
+    """2,048 GPUs = PP 16 x 128 data-parallel ranks, EP 64 borrowed from them, no TP."""
+    p = parse_args(["--job.config_file", str(CONFIGS / "deepseek_v3_671b.toml"), *ON_THIS_CPU],
+                   2048).parallelism
+    assert (p.pipeline_parallel_degree, p.expert_parallel_degree, p.tensor_parallel_degree,
+            p.data_parallel_shard_degree) == (16, 64, 1, -1)

@@ -3,15 +3,25 @@
 A converter changes the model built on meta (docs/design.md, "Data flow", step 6) before pipeline
 splitting and the plan, so tensor parallelism, activation checkpointing, compile and FSDP all
 see the converted modules. It may also act after every optimizer step (float8 recomputes its
-FSDP weight scales there). Another numeric format (MX, quantization-aware training) is one more
-class with these two methods, added in ``build_converters``.
+FSDP weight scales there).
+
+Converters are chosen by name, ``[model] converters = ["float8", ...]``, applied in that order.
+Each name is registered with ``register_converter(name, build)``; a ``[job] custom_import``
+module registers its own the same way (another numeric format, quantization-aware training).
+Float8 is registered as "float8" and keeps its settings in ``[float8]``; its historical switch
+``[float8] enable = true`` means the same as listing "float8" (appended last when not listed),
+and listing it turns ``enable`` on, so both spellings give one job.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from torch import nn
+
+from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.config.manager import did_you_mean
 
 if TYPE_CHECKING:
     from torchtitan_like.components.optimizer import OptimizersContainer
@@ -47,12 +57,50 @@ class ModelConverters:
                 )
 
 
+ConverterBuilder = Callable[["JobConfig", "ParallelDims", str], ModelConverter]
+"""(job config, parallel dims, device type) -> a converter for this job."""
+
+_REGISTRY: dict[str, ConverterBuilder] = {}
+
+
+def register_converter(name: str, build: ConverterBuilder) -> None:
+    """Make ``build`` selectable as ``[model] converters = [name]``."""
+    if name in _REGISTRY and _REGISTRY[name] is not build:
+        raise ValueError(f"a converter named {name!r} is already registered")
+    _REGISTRY[name] = build
+
+
+def resolve_converters(config: JobConfig) -> None:
+    """Check every name of ``[model] converters`` is registered and map the float8 switch
+    (module docstring): afterwards ``"float8" in converters`` iff ``[float8] enable``."""
+    for name in config.model.converters:
+        if name not in _REGISTRY:
+            raise ConfigError(
+                f"[model] converters: unknown converter {name!r}; registered: "
+                f"{', '.join(sorted(_REGISTRY))}" + did_you_mean(name, _REGISTRY)
+                + " (a converter of your own is registered by a module named in [job] "
+                "custom_import, with components/converters.py's register_converter)")
+    if len(set(config.model.converters)) != len(config.model.converters):
+        raise ConfigError(f"[model] converters lists a converter twice: {config.model.converters}")
+    if "float8" in config.model.converters:
+        config.float8.enable = True
+    elif config.float8.enable:
+        config.model.converters.append("float8")
+
+
+def _build_float8(config: JobConfig, parallel_dims: ParallelDims,
+                  device_type: str) -> ModelConverter:
+    from torchtitan_like.components.float8 import Float8Converter
+
+    return Float8Converter(config.float8, parallel_dims, device_type,
+                           compile_enabled=config.compile.enable)
+
+
+register_converter("float8", _build_float8)
+
+
 def build_converters(config: JobConfig, parallel_dims: ParallelDims,
                      device_type: str) -> ModelConverters:
-    converters: list[ModelConverter] = []
-    if config.float8.enable:
-        from torchtitan_like.components.float8 import Float8Converter
-
-        converters.append(Float8Converter(config.float8, parallel_dims, device_type,
-                                          compile_enabled=config.compile.enable))
-    return ModelConverters(converters)
+    """The converters of a validated config (``resolve_converters`` ran), in order."""
+    return ModelConverters([_REGISTRY[name](config, parallel_dims, device_type)
+                            for name in config.model.converters])

@@ -16,8 +16,16 @@ Scope. Only linears inside the model's blocks (the ``nn.ModuleList``/``nn.Module
 children of the root, ``layers`` in Llama) are converted: the output head, the embeddings and
 the norms keep full precision, as in DeepSeek-V3's recipe, because the loss is most sensitive
 to them and they carry a small share of the FLOPs. Also kept: linears whose name contains an
-entry of ``filter_fqns``, and linears whose dimensions are not multiples of 16 (what
-``_scaled_mm`` accepts); each skip is logged.
+entry of ``filter_fqns``, and linears whose *local* dimensions are not multiples of 16 (what
+``_scaled_mm`` accepts); each skip is logged. Under TP of degree t a linear's local weight is
+(out/t, in) column-wise or (out, in/t) row-wise; which one is the model's plan's choice, so both
+dimensions must be multiples of 16 t (uneven shards are refused along with it).
+
+Row-wise recipes. torch's per-row ``_scaled_mm`` kernels exist for SM 8.9 (CUTLASS), 9.0 and
+10.x; elsewhere they fail at the first matmul (e.g. cuBLASLt's NOT_SUPPORTED on SM 12.0,
+pytorch/pytorch#192707), so they are refused at start-up. With compile, inductor's fused casts
+must round like eager (``torch._inductor.config.emulate_precision_casts``, as TorchTitan sets
+for row-wise float8), or the compiled and recomputed (AC) casts differ from eager's.
 
 FSDP. With ``enable_fsdp_float8_all_gather`` each rank casts its weight shard to float8
 *before* the all-gather, halving its bytes against bf16; the one scale of the whole weight
@@ -54,6 +62,18 @@ MIN_CUDA_CAPABILITY = (8, 9)
 FP8_DIM_MULTIPLE = 16
 """``torch._scaled_mm`` needs both dimensions of the weight to be multiples of this."""
 
+ROWWISE_CAPABILITIES = ((8, 9), (9, 0), (10, 0), (10, 3))
+"""CUDA capabilities with per-row ``_scaled_mm`` kernels (Ada, Hopper, datacenter Blackwell)."""
+
+
+def rowwise_unsupported_reason(capability: tuple[int, int]) -> str | None:
+    """Why this GPU cannot run the row-wise float8 recipes, or None if it can."""
+    if tuple(capability) in ROWWISE_CAPABILITIES:
+        return None
+    have = ", ".join(f"{a}.{b}" for a, b in ROWWISE_CAPABILITIES)
+    return (f"row-wise float8 needs per-row _scaled_mm kernels, which exist for compute "
+            f"capability {have}, not {capability[0]}.{capability[1]}")
+
 
 def validate(config: Float8Config, device_type: str) -> None:
     """Refuse flag combinations torchao cannot run, and GPUs without float8 matmuls."""
@@ -88,6 +108,10 @@ def check_cuda_capability(config: Float8Config, gpu: str, capability: tuple[int,
             "Set [float8] emulate = true to check float8 numerics here (no speed-up), or "
             "[float8] enable = false"
         )
+    if config.enable and not config.emulate and config.recipe_name != "tensorwise" and (
+            reason := rowwise_unsupported_reason(capability)):
+        raise ConfigError(f'[float8] recipe_name = "{config.recipe_name}": {reason} ({gpu}); '
+                          'use recipe_name = "tensorwise" or emulate = true')
 
 
 @dataclasses.dataclass
@@ -98,8 +122,10 @@ class Float8Selection:
     skipped: dict[str, str]  # fqn -> reason
 
 
-def select_linears(model: nn.Module, filter_fqns: list[str]) -> Float8Selection:
-    """Split the model's ``nn.Linear`` modules into those to convert and the skipped ones."""
+def select_linears(model: nn.Module, filter_fqns: list[str], tp: int = 1) -> Float8Selection:
+    """Split the model's ``nn.Linear`` modules into those to convert and the skipped ones
+    (``tp``: the tensor-parallel degree the local shapes are checked under)."""
+    multiple = FP8_DIM_MULTIPLE * tp
     block_containers = {
         name for name, child in model.named_children()
         if isinstance(child, (nn.ModuleList, nn.ModuleDict))
@@ -113,9 +139,11 @@ def select_linears(model: nn.Module, filter_fqns: list[str]) -> Float8Selection:
             selection.skipped[fqn] = "outside the transformer blocks"
         elif matched := [f for f in filter_fqns if f in fqn]:
             selection.skipped[fqn] = f"filter_fqns {matched}"
-        elif in_features % FP8_DIM_MULTIPLE or out_features % FP8_DIM_MULTIPLE:
-            selection.skipped[fqn] = (f"shape {out_features}x{in_features} is not a multiple of "
-                                      f"{FP8_DIM_MULTIPLE}")
+        elif in_features % multiple or out_features % multiple:
+            selection.skipped[fqn] = (
+                f"shape {out_features}x{in_features} is not a multiple of {FP8_DIM_MULTIPLE}"
+                + (f" x TP {tp} (its local shard must be a multiple of {FP8_DIM_MULTIPLE})"
+                   if tp > 1 else ""))
         else:
             selection.converted.append(fqn)
     return selection
@@ -135,7 +163,12 @@ class Float8Converter:
         if device_type == "cuda" and not compile_enabled and not config.emulate:
             logger.warning("[float8] without [compile] enable the float8 casts run unfused and "
                            "float8 is usually slower than bf16; enable torch.compile")
+        if compile_enabled and config.recipe_name != "tensorwise":
+            import torch._inductor.config
+
+            torch._inductor.config.emulate_precision_casts = True  # see the module docstring
         self.config = config
+        self.tp = parallel_dims.tp
         self.all_gather = config.enable_fsdp_float8_all_gather and fsdp
         self.precompute = config.precompute_float8_dynamic_scale_for_fsdp and self.all_gather
         self.torchao_config = dataclasses.replace(
@@ -148,7 +181,7 @@ class Float8Converter:
         """Swap the selected ``nn.Linear`` for torchao ``Float8Linear`` in place (on meta)."""
         from torchao.float8 import convert_to_float8_training
 
-        selection = select_linears(model, self.config.filter_fqns)
+        selection = select_linears(model, self.config.filter_fqns, self.tp)
         chosen = set(selection.converted)
         convert_to_float8_training(model, config=self.torchao_config,
                                    module_filter_fn=lambda _module, fqn: fqn in chosen)

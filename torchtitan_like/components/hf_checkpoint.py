@@ -4,7 +4,8 @@ A HuggingFace model folder is ``config.json`` plus ``*.safetensors`` files (shar
 ``max_shard_bytes``, with a ``model.safetensors.index.json`` naming each tensor's file). Names
 and config come from the model's ``HFAdapter`` (ModelSpec.hf_adapter). Loading HF weights into
 a *sharded* training job goes through DCP's HuggingFaceStorageReader instead
-(``[checkpoint] initial_load_in_hf``, components/checkpoint.py), which reads each rank's slices.
+(``[checkpoint] initial_load_in_hf``, components/checkpoint/manager.py), which reads each
+rank's slices.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 
-from torchtitan_like.components.checkpoint import publish, read_info
+from torchtitan_like.components.checkpoint.folder import publish, read_info
 from torchtitan_like.models.registry import HFAdapter, ModelSpec, get_model_args
 
 INDEX_FILE = "model.safetensors.index.json"

@@ -123,9 +123,11 @@ class StepHooks:
         this microbatch's training loss; returns ``carrier``, to be used in its place.
 
         The trainer divides the term by the step's global count of labelled tokens, like the
-        cross-entropy sum, so layout parity holds (module docstring). ``term_sum`` must be the
-        value of this rank's tokens; tensor-parallel ranks of one replica must pass the same
-        value (their gradients are not summed over the TP mesh).
+        cross-entropy sum, so layout parity holds (module docstring). ``term_sum`` is the value
+        of this rank's tokens. Under tensor parallelism its gradient goes through TP's own
+        collectives like any activation's: compute it from this rank's part of a
+        sequence-sharded activation, or identically on every TP rank from replicated inputs;
+        the logged value (reduced over dp/cp/pp only) is complete in the latter case.
         """
         if self._scale is None:
             return carrier

@@ -50,6 +50,12 @@ class Model:
     tokenizer_path: str = ""
     """HuggingFace tokenizer.json (or a folder holding it); empty = byte-level, needs no file."""
 
+    converters: list[str] = field(default_factory=list)
+    """Model converters by registered name, applied in order before the plan, e.g. float8."""
+
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Flavor args fields to replace, e.g. { n_layers = 8 }, or --model.overrides.n_layers=8."""
+
 
 @dataclass
 class Optimizer:
@@ -167,6 +173,12 @@ class Parallelism:
     context_parallel_load_balancer: Literal["headtail", "none"] = "headtail"
     """CP layout: headtail (rank r holds chunks r and 2cp-1-r, equal causal work) or none."""
 
+    expert_parallel_degree: int = 1
+    """Ranks splitting a MoE layer's routed experts (borrowed from dp_shard x cp); 1 = off."""
+
+    expert_tensor_parallel_degree: int = 1
+    """TP inside each expert: 1 (EP also borrows the TP ranks) or tensor_parallel_degree."""
+
     pipeline_parallel_degree: int = 1
     """Ranks along the pipeline: consecutive layers cut into stages on separate ranks; 1 = no PP."""
 
@@ -213,7 +225,7 @@ class Compile:
 @dataclass
 class Float8:
     enable: bool = False
-    """Train the transformer blocks' linears in float8 (torchao); head, embeddings, norms stay."""
+    """Train the blocks' linears in float8 (torchao); same as [model] converters = ["float8"]."""
 
     recipe_name: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"] = "tensorwise"
     """Scales per tensor (fastest), per row, or per row with grad_weight kept in high precision."""

@@ -21,6 +21,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
+from torchtitan_like.config.custom_sections import custom_sections, new_job_config
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.config.ranges import out_of_range
@@ -44,9 +45,11 @@ def did_you_mean(name: str, options: typing.Iterable[str]) -> str:
 
 
 def sections() -> dict[str, type]:
-    """Section name -> dataclass type, in declaration order."""
+    """Section name -> dataclass type, in declaration order, then the registered ones
+    (config/custom_sections.py)."""
     hints = typing.get_type_hints(JobConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(JobConfig)}
+    return {**{f.name: hints[f.name] for f in dataclasses.fields(JobConfig)},
+            **custom_sections()}
 
 
 @functools.cache
@@ -73,7 +76,8 @@ def type_name(tp: Any) -> str:
     if typing.get_origin(tp) is list:
         return f"list[{type_name(typing.get_args(tp)[0])}]"
     if typing.get_origin(tp) is dict:
-        return f"dict[str, {type_name(typing.get_args(tp)[1])}]"
+        value_tp = typing.get_args(tp)[1]
+        return "table" if value_tp is Any else f"dict[str, {type_name(value_tp)}]"
     return tp.__name__
 
 
@@ -108,6 +112,8 @@ def _coerce(value: Any, tp: Any, where: str, from_cli: bool) -> Any:
             value = {k.strip(): v.strip() for k, _, v in pairs}
         if not isinstance(value, dict):
             fail()
+        if value_tp is Any:  # values checked by their consumer, e.g. [model] overrides
+            return {str(k): v for k, v in value.items()}
         return {str(k): _coerce(v, value_tp, where, from_cli) for k, v in value.items()}
     if from_cli and isinstance(value, str) and tp is not str:
         text = value.strip().lower()
@@ -197,7 +203,7 @@ def _unknown_key(section: str, key: str, origin: str, keys: typing.Iterable[str]
 def _build(layers: list[tuple[str, dict[str, dict[str, Any]], bool]]) -> JobConfig:
     """Apply override layers (origin, {section: {key: value}}, from_cli) onto the defaults.
     Every unknown key, wrong type and out-of-range number is collected into one error."""
-    config = JobConfig()
+    config = new_job_config()
     known = sections()
     problems: list[str] = []
     for origin, layer, from_cli in layers:
@@ -208,6 +214,15 @@ def _build(layers: list[tuple[str, dict[str, dict[str, Any]], bool]]) -> JobConf
             target = getattr(config, section)
             hints = typing.get_type_hints(known[section])
             for key, value in values.items():
+                table, dot, entry = key.partition(".")
+                if dot and typing.get_origin(hints.get(table)) is dict:  # --model.overrides.x=1
+                    try:
+                        getattr(target, table).update(_coerce(
+                            {entry: value}, hints[table], f"[{section}] {key} ({origin})",
+                            from_cli))
+                    except ConfigError as e:
+                        problems.append(str(e))
+                    continue
                 if key not in hints:
                     problems.append(_unknown_key(section, key, origin, hints))
                     continue
@@ -276,7 +291,16 @@ def build_job_config(argv: list[str]) -> JobConfig:
     if config_file:
         layers.append((config_file, _load_toml(Path(config_file)), False))
     layers.append(("command line", cli, True))
+    imports = [_coerce(layer["job"]["custom_import"], list[str], f"[job] custom_import ({origin})",
+                      from_cli) for origin, layer, from_cli in layers
+               if "custom_import" in layer.get("job", {})]
+    if imports:  # first: they may register config sections (config/custom_sections.py)
+        import_custom_modules(imports[-1])
     return _build(layers)
+
+
+coerce = _coerce
+"""The same conversion for values checked outside the config's dataclasses (model overrides)."""
 
 
 def _toml_value(value: Any) -> str:
@@ -315,7 +339,7 @@ def help_text() -> str:
         "",
         "Booleans take true/false; lists are comma-separated. The command line wins over the TOML.",
     ]
-    defaults = JobConfig()
+    defaults = new_job_config()
     for section, cls in sections().items():
         lines += ["", f"[{section}]"]
         docs = field_docs(cls)
@@ -328,11 +352,13 @@ def help_text() -> str:
 
 
 def reference_markdown() -> str:
-    """The config reference page (docs/config_reference.md): one table per section, generated
-    from the dataclasses."""
+    """The config reference page (docs/config_reference.md): one table per built-in section,
+    generated from the dataclasses (sections a custom_import registers are its fork's)."""
     out = []
-    defaults = JobConfig()
+    defaults = new_job_config()
     for section, cls in sections().items():
+        if section in custom_sections():
+            continue
         docs, hints = field_docs(cls), typing.get_type_hints(cls)
         out += [f"## [{section}]", "", "| key | type | default | meaning |", "|---|---|---|---|"]
         for f in dataclasses.fields(cls):
@@ -346,6 +372,7 @@ def reference_markdown() -> str:
 __all__ = [
     "ConfigError",
     "build_job_config",
+    "coerce",
     "did_you_mean",
     "field_docs",
     "help_text",

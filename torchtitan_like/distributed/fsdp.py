@@ -40,8 +40,10 @@ def apply_fsdp(
     param_dtype: torch.dtype,
     reduce_dtype: torch.dtype,
     reshard: bool,
+    ignored_params: set[nn.Parameter] | None = None,
 ) -> None:
-    """Shard each group of ``groups`` as one unit, then the root (whatever is left).
+    """Shard each group of ``groups`` as one unit, then the root (whatever is left, except
+    ``ignored_params``).
 
     The last group runs first in backward, so it is never resharded after forward.
     """
@@ -54,8 +56,10 @@ def apply_fsdp(
                 mesh=mesh,
                 mp_policy=mp_policy,
                 reshard_after_forward=reshard and i < len(groups) - 1,
+                ignored_params=ignored_params,
             )
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard,
+                ignored_params=ignored_params)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.distributed.expert_layout import expert_mesh
+from torchtitan_like.distributed.utils import follow_world_timeout
 
 if TYPE_CHECKING:
     from torchtitan_like.config.job_config import JobConfig
@@ -40,6 +42,10 @@ class ParallelDims:
     world_size: int
     enable_loss_parallel: bool = True
     """Under TP, compute the loss on vocab-sharded logits (see distributed/tensor_parallel.py)."""
+    ep: int = 1
+    """Expert parallel: borrows dp_shard x cp ranks (distributed/expert_layout.py)."""
+    etp: int = 1
+    """Tensor parallel inside experts: 1 or tp."""
 
     def __str__(self) -> str:
         """e.g. ``pp 1 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 2 = 4 ranks``."""
@@ -57,6 +63,8 @@ class ParallelDims:
         tp: int = 1,
         pp: int = 1,
         enable_loss_parallel: bool = True,
+        ep: int = 1,
+        etp: int = 1,
     ) -> ParallelDims:
         """Fill in ``dp_shard = -1`` and check that the degrees multiply to the world size."""
         named = {"pp": pp, "dp_replicate": dp_replicate, "cp": cp, "tp": tp}
@@ -80,7 +88,8 @@ class ParallelDims:
                 "(set NPROC, or a degree to -1 / other values)"
             )
         return cls(pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp,
-                   world_size=world_size, enable_loss_parallel=enable_loss_parallel)
+                   world_size=world_size, enable_loss_parallel=enable_loss_parallel,
+                   ep=ep, etp=etp)
 
     @classmethod
     def from_config(cls, config: JobConfig, world_size: int) -> ParallelDims:
@@ -94,6 +103,8 @@ class ParallelDims:
             tp=p.tensor_parallel_degree,
             enable_loss_parallel=not p.disable_loss_parallel,
             pp=p.pipeline_parallel_degree,
+            ep=p.expert_parallel_degree,
+            etp=p.expert_tensor_parallel_degree,
         )
 
     @property
@@ -105,6 +116,10 @@ class ParallelDims:
     def fsdp_enabled(self) -> bool:
         """FSDP/HSDP wraps the model whenever parameters or gradients must be shared."""
         return self.dp_replicate * self.dp_shard * self.cp > 1
+
+    @property
+    def ep_enabled(self) -> bool:
+        return self.ep > 1
 
     @property
     def tp_enabled(self) -> bool:
@@ -132,13 +147,16 @@ class ParallelDims:
         pp, tp = self.pp, self.tp
         fsdp = world._unflatten(0, (pp, self.dp_replicate, self.dp_shard * self.cp, tp),
                                 ("pp", "dp_replicate", "dp_shard_cp", "tp"))
-        return Meshes(
+        meshes = Meshes(
             dense=dense,
             dp=world._unflatten(0, (pp, self.dp, self.cp, tp), ("pp", "dp", "cp", "tp"))["dp"],
             dp_cp=world._unflatten(0, (pp, self.dp * self.cp, tp), ("pp", "dp_cp", "tp"))["dp_cp"],
             fsdp=fsdp["dp_replicate", "dp_shard_cp"] if self.dp_replicate > 1
             else fsdp["dp_shard_cp"],
+            expert=expert_mesh(world, self),
         )
+        follow_world_timeout([meshes.dense, meshes.dp, meshes.dp_cp, meshes.fsdp, meshes.expert])
+        return meshes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +171,8 @@ class Meshes:
     """Ranks whose loss shares sum to the global loss (dp x cp)."""
     fsdp: DeviceMesh
     """FSDP's mesh: 1-D dp_shard_cp, or 2-D (dp_replicate, dp_shard_cp) for HSDP."""
+    expert: DeviceMesh
+    """Routed experts' view ``[pp, dp_replicate, efsdp, ep, etp]`` (see expert_layout.py)."""
 
     @property
     def pp(self) -> DeviceMesh:

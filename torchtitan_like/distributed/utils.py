@@ -28,7 +28,11 @@ def device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def init_distributed(timeout_s: int = 300) -> torch.device:
+PROCESS_GROUP_TIMEOUT_S = 300
+"""How long a collective may wait before the job fails (every process group, see below)."""
+
+
+def init_distributed(timeout_s: int = PROCESS_GROUP_TIMEOUT_S) -> torch.device:
     """Join the torchrun job: NCCL for CUDA tensors (plus gloo for CPU ones) on GPUs,
     gloo on CPU (CPU builds of torch have no NCCL). Returns this rank's device."""
     if "RANK" not in os.environ:  # plain `python -m torchtitan_like.train`: a world of one
@@ -46,6 +50,17 @@ def init_distributed(timeout_s: int = 300) -> torch.device:
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     return device
+
+
+def follow_world_timeout(meshes: Iterable[DeviceMesh],
+                         timeout_s: int = PROCESS_GROUP_TIMEOUT_S) -> None:
+    """Give every process group of ``meshes`` the world group's timeout. DeviceMesh creates
+    its subgroups with the backend's default (NCCL 10 min, gloo 30 min), so without this a hang
+    in a TP, FSDP or PP collective would outwait the timeout the job asked for."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    for mesh in meshes:
+        for dim in range(mesh.ndim):
+            dist.distributed_c10d._set_pg_timeout(timeout, mesh.get_group(dim))
 
 
 def set_determinism(seed: int, deterministic: bool) -> None:
@@ -141,13 +156,18 @@ def clip_grad_norm_(
     """Total gradient 2-norm over all ranks, clipped to ``max_norm`` when it is > 0.
 
     DTensor gradients (FSDP/TP shards) yield the norm of the full gradient after one
-    all-reduce; under pipeline parallelism each stage holds different parameters, so the
-    squared norms of the stages are summed over the ``pp`` mesh as well.
+    all-reduce per mesh: dense and expert-parallel weights live on different meshes (one op
+    cannot mix them), so each mesh's squared norm is computed apart and the squares added.
+    Under pipeline parallelism each stage holds different parameters, so the squared norms of
+    the stages are summed over the ``pp`` mesh as well.
     """
     grads = [p.grad for p in parameters if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, foreach=True)
-    if isinstance(total, DTensor):
-        total = total.full_tensor()
+    by_mesh: dict[DeviceMesh | None, list[torch.Tensor]] = {}
+    for grad in grads:
+        by_mesh.setdefault(grad.device_mesh if isinstance(grad, DTensor) else None, []).append(grad)
+    norms = [torch.nn.utils.get_total_norm(group, foreach=True) for group in by_mesh.values()]
+    norms = [n.full_tensor() if isinstance(n, DTensor) else n for n in norms] or [torch.zeros(())]
+    total = norms[0] if len(norms) == 1 else torch.stack(norms).square().sum().sqrt()
     if pp_mesh is not None and pp_mesh.size() > 1:
         total = total**2
         dist.all_reduce(total, group=pp_mesh.get_group())

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import types
+import typing
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -16,7 +18,7 @@ import torch
 from torch import nn
 
 from torchtitan_like.config.errors import ConfigError
-from torchtitan_like.config.manager import did_you_mean
+from torchtitan_like.config.manager import coerce, did_you_mean
 
 if TYPE_CHECKING:
     from torchtitan_like.components.optimizer import OptimizersContainer
@@ -40,6 +42,10 @@ class BaseModelArgs(abc.ABC):
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs (forward + backward) per token."""
 
+    def num_routed_experts(self) -> int:
+        """Routed experts per MoE layer, which expert parallelism splits; 0 = a dense model."""
+        return 0
+
     def validate(self, job_config: JobConfig, parallel_dims: ParallelDims) -> None:  # noqa: B027
         """Raise ConfigError if this model cannot run the job's layout; default: anything goes."""
 
@@ -59,6 +65,10 @@ class HFAdapter(Protocol):
     def check_config(self, hf_config: dict[str, Any]) -> None:
         """Raise ValueError naming what differs if ``hf_config`` is not this shape."""
 
+
+PARALLEL_DIMS = {"tp": "tensor_parallel_degree", "cp": "context_parallel_degree",
+                 "pp": "pipeline_parallel_degree", "ep": "expert_parallel_degree"}
+"""Model-specific parallel dimensions and their [parallelism] degree fields."""
 
 ParallelizeFn = Callable[["nn.Module", "ParallelDims", "Meshes", "JobConfig"], "nn.Module"]
 OptimizerHooksFn = Callable[
@@ -100,6 +110,26 @@ class ModelSpec:
     cannot run under context parallelism (its attention is not causal SDPA, or its positions
     are not such a buffer)."""
 
+    supported_dims: frozenset[str] = frozenset(PARALLEL_DIMS)
+    """The parallel dimensions beyond data parallelism (FSDP/HSDP, always supported) that
+    ``parallelize_fn`` implements, among "tp", "cp", "pp", "ep"; a job asking for another is
+    refused at start-up, before any process group exists."""
+
+
+def check_supported_dims(spec: ModelSpec, job_config: JobConfig) -> None:
+    """ConfigError if the job asks for a parallel dimension ``spec`` does not declare."""
+    unknown = set(spec.supported_dims) - set(PARALLEL_DIMS)
+    if unknown:
+        raise ConfigError(f"model {spec.name!r}: ModelSpec.supported_dims has unknown "
+                          f"{sorted(unknown)}; use some of {', '.join(PARALLEL_DIMS)}")
+    for dim, field in PARALLEL_DIMS.items():
+        degree = getattr(job_config.parallelism, field, 1)
+        if degree > 1 and dim not in spec.supported_dims:
+            supported = ", ".join(sorted(spec.supported_dims)) or "none"
+            raise ConfigError(
+                f"[parallelism] {field} = {degree}, but model {spec.name!r} supports only data "
+                f"parallelism and [{supported}] (ModelSpec.supported_dims); set it to 1")
+
 
 _REGISTRY: dict[str, ModelSpec] = {}
 
@@ -134,9 +164,41 @@ def get_model_args(spec: ModelSpec, flavor: str) -> BaseModelArgs:
     return dataclasses.replace(spec.flavors[flavor])
 
 
+def _overridable_type(tp: Any) -> Any:
+    """The type an override is checked against: a scalar, a Literal, or X of ``X | None``;
+    None for fields an override cannot set (nested dataclasses, collections)."""
+    options = [t for t in typing.get_args(tp) if t is not type(None)]
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(options) == 1:
+        tp = options[0]
+    scalar = tp in (int, float, bool, str) or typing.get_origin(tp) is typing.Literal
+    return tp if scalar else None
+
+
+def apply_overrides(spec: ModelSpec, args: BaseModelArgs, overrides: Mapping[str, Any]
+                    ) -> BaseModelArgs:
+    """``args`` with the fields named in ``[model] overrides`` replaced, each type-checked;
+    ConfigError for an unknown name (closest match suggested) or a non-scalar field."""
+    hints = typing.get_type_hints(type(args))
+    names = [f.name for f in dataclasses.fields(args) if f.init]
+    values = {}
+    for name, value in overrides.items():
+        where = f"[model] overrides.{name}"
+        if name not in names:
+            raise ConfigError(f"{where}: {spec.name} args ({type(args).__name__}) have no "
+                              f"field {name!r}" + did_you_mean(name, names))
+        tp = _overridable_type(hints[name])
+        if tp is None:
+            raise ConfigError(f"{where}: field of type {hints[name]} cannot be overridden "
+                              "(only numbers, booleans and strings); register a flavor instead")
+        values[name] = coerce(value, tp, where, from_cli=isinstance(value, str))
+    return dataclasses.replace(args, **values)
+
+
 def model_spec_and_args(job_config: JobConfig) -> tuple[ModelSpec, BaseModelArgs]:
-    """The job's model spec and its flavor's args, updated for the job."""
+    """The job's model spec and its flavor's args with ``[model] overrides`` applied, updated
+    for the job: what the trainer, the planner and every other caller builds."""
     spec = get_model_spec(job_config.model.name)
-    args = get_model_args(spec, job_config.model.flavor)
+    args = apply_overrides(spec, get_model_args(spec, job_config.model.flavor),
+                           job_config.model.overrides)
     args.update_from_config(job_config)
     return spec, args

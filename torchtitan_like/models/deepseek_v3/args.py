@@ -116,6 +116,9 @@ class DeepSeekV3Args(BaseModelArgs):
         sparse = moe_layers * (block + self._moe_params(routed_experts_per_layer))
         return dense + sparse + 2 * self.vocab_size * self.dim + self.dim  # + final norm
 
+    def num_routed_experts(self) -> int:
+        return self.moe.num_experts if self.n_layers > self.n_dense_layers else 0
+
     def num_params(self) -> int:
         return self._count(self.moe.num_experts)
 

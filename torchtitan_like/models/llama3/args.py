@@ -67,19 +67,7 @@ class Llama3Args(BaseModelArgs):
         if self.dim % self.n_heads or self.head_dim % 2:
             raise ConfigError(f"{flavor}: dim {self.dim} must split into n_heads {self.n_heads} "
                               "heads of an even size (RoPE rotates pairs)")
-        if self.n_heads % self.kv_heads:
-            raise ConfigError(f"{flavor}: n_heads {self.n_heads} must be a multiple of "
-                              f"n_kv_heads {self.kv_heads}")
-        check_tensor_parallel_shapes(parallel_dims.tp, self.n_heads, self.kv_heads,
-                                     self.vocab_size, flavor)
-        if parallel_dims.pp > 1:
-            if self.tie_word_embeddings:
-                raise ConfigError(
-                    f"{flavor} ties the output head to the embedding, which pipeline "
-                    "parallelism would put on different stages (first and last); use an "
-                    "untied flavor or [parallelism] pipeline_parallel_degree = 1"
-                )
-            llama_fqns_per_stage(self, job_config)
+        check_heads_and_layout(self, job_config, parallel_dims)
 
     def num_params(self) -> int:
         d, kv = self.dim, self.kv_heads * self.head_dim
@@ -99,6 +87,26 @@ class Llama3Args(BaseModelArgs):
             matmul_params += self.vocab_size * self.dim
         attention = 12 * self.n_layers * self.n_heads * self.head_dim * seq_len
         return 6 * matmul_params + attention
+
+
+def check_heads_and_layout(args: Llama3Args, job_config: JobConfig,
+                           parallel_dims: ParallelDims) -> None:
+    """The checks every model on the llama skeleton shares (Qwen3 too): grouped heads, whole
+    heads and vocabulary rows per TP rank, no tied head across pipeline stages, a valid split."""
+    flavor = f"[model] flavor {job_config.model.flavor}"
+    if args.n_heads % args.kv_heads:
+        raise ConfigError(f"{flavor}: n_heads {args.n_heads} must be a multiple of "
+                          f"n_kv_heads {args.kv_heads}")
+    check_tensor_parallel_shapes(parallel_dims.tp, args.n_heads, args.kv_heads,
+                                 args.vocab_size, flavor)
+    if parallel_dims.pp > 1:
+        if args.tie_word_embeddings:
+            raise ConfigError(
+                f"{flavor} ties the output head to the embedding, which pipeline "
+                "parallelism would put on different stages (first and last); use an "
+                "untied flavor or [parallelism] pipeline_parallel_degree = 1"
+            )
+        llama_fqns_per_stage(args, job_config)
 
 
 _LLAMA31 = RopeScaling(factor=8.0)

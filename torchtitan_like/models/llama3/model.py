@@ -64,8 +64,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         bs, seq_len, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a slice of the heads.
-        q = apply_rope(self.wq(x).view(bs, seq_len, -1, self.head_dim), rope)
-        k = apply_rope(self.wk(x).view(bs, seq_len, -1, self.head_dim), rope)
+        q, k = self.rotate(self.wq(x).view(bs, seq_len, -1, self.head_dim),
+                           self.wk(x).view(bs, seq_len, -1, self.head_dim), rope)
         v = self.wv(x).view(bs, seq_len, -1, self.head_dim)
         k = k.repeat_interleave(self.n_rep, dim=2)
         v = v.repeat_interleave(self.n_rep, dim=2)
@@ -73,6 +73,12 @@ class Attention(nn.Module):
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
         )
         return self.wo(out.transpose(1, 2).reshape(bs, seq_len, -1))
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, rope: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries and keys (bs, seq, heads, head_dim) -> rotated by position (a family that
+        normalises them first, e.g. Qwen3, overrides this)."""
+        return apply_rope(q, rope), apply_rope(k, rope)
 
     def init_weights(self, init_std: float) -> None:
         for linear in (self.wq, self.wk, self.wv):
@@ -120,12 +126,16 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
+    block_cls: type[nn.Module] = TransformerBlock
+    """Built as ``block_cls(layer_id, args)`` for every layer (a family with other blocks on
+    this skeleton, e.g. Qwen3, sets its own)."""
+
     def __init__(self, args: Llama3Args):
         super().__init__()
         self.args = args
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleDict(
-            {str(i): TransformerBlock(i, args) for i in range(args.n_layers)}
+            {str(i): self.block_cls(i, args) for i in range(args.n_layers)}
         )
         self.norm: nn.RMSNorm | None = nn.RMSNorm(args.dim, eps=args.norm_eps)
         # A tied head multiplies by the embedding table itself (no second Parameter object that

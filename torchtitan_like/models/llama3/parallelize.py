@@ -1,12 +1,15 @@
 """The Llama 3 parallelization plan: one model part in, the same part parallelized out.
 
-The order is fixed and each step lives in its own file under distributed/ or components/:
-tensor parallel -> context parallel -> activation checkpointing -> torch.compile -> FSDP2.
+The order is fixed and each step lives in its own file under distributed/:
+tensor parallel -> context parallel -> activation checkpointing -> torch.compile -> FSDP2
+(the last three through distributed/plan_toolkit.py's ``apply_block_tail``).
 Every step skips the modules a pipeline stage dropped (``None``), so each stage of a pipeline
 goes through this same plan.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -21,42 +24,33 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from torchtitan_like.components.float8 import tp_styles
 from torchtitan_like.config.job_config import JobConfig
-from torchtitan_like.distributed.activation_checkpoint import apply_ac
-from torchtitan_like.distributed.compile import apply_compile
-from torchtitan_like.distributed.fsdp import apply_fsdp, reshard_after_forward
 from torchtitan_like.distributed.parallel_dims import Meshes, ParallelDims
+from torchtitan_like.distributed.plan_toolkit import apply_block_tail, attention_plan, swiglu_plan
 from torchtitan_like.distributed.tensor_parallel import materialise_output, maybe_enable_async_tp
-from torchtitan_like.distributed.utils import DTYPES
 from torchtitan_like.models.llama3.model import Transformer
+
+BlockPlanFn = Callable[[nn.Module, str], dict[str, ParallelStyle]]
+"""(a transformer block, device type) -> its TP plan, module name -> style."""
 
 
 def parallelize_llama(
-    model: Transformer, parallel_dims: ParallelDims, meshes: Meshes, config: JobConfig
+    model: Transformer, parallel_dims: ParallelDims, meshes: Meshes, config: JobConfig,
+    block_plan: BlockPlanFn | None = None,
 ) -> Transformer:
+    """``block_plan`` is one block's TP plan (default: llama's ``block_tp_plan``); a family
+    on the same skeleton with more modules in a block passes its own."""
     if parallel_dims.tp_enabled:
-        apply_tp(model, meshes.tp, loss_parallel=parallel_dims.loss_parallel_enabled)
+        apply_tp(model, meshes.tp, loss_parallel=parallel_dims.loss_parallel_enabled,
+                 block_plan=block_plan or block_tp_plan)
         maybe_enable_async_tp(config.parallelism.enable_async_tensor_parallel, meshes.tp)
     # Context parallel changes no module: the trainer's train_context shards each microbatch
     # and the RoPE table (context_parallel_buffers) and swaps SDPA for ring attention.
-    apply_ac(model.layers, config.activation_checkpoint)
-    apply_compile(model.layers, config.compile)
-    if parallel_dims.fsdp_enabled:
-        blocks = [[block] for block in model.layers.values()]
-        # A tied embedding and head share one weight, so they must share one FSDP unit: the root.
-        edges = [] if model.args.tie_word_embeddings else [[model.tok_embeddings]]
-        head = [] if model.args.tie_word_embeddings else [[model.norm, model.output]]
-        apply_fsdp(
-            model,
-            meshes.fsdp,
-            [*edges, *blocks, *head],
-            param_dtype=DTYPES[config.training.mixed_precision_param],
-            reduce_dtype=DTYPES[config.training.mixed_precision_reduce],
-            reshard=reshard_after_forward(
-                config.parallelism.fsdp_reshard_after_forward, parallel_dims.pp > 1
-            ),
-        )
+    # A tied embedding and head share one weight, so they must share one FSDP unit: the root.
+    tied = model.args.tie_word_embeddings
+    apply_block_tail(model, model.layers, parallel_dims, meshes, config,
+                     before=[] if tied else [[model.tok_embeddings]],
+                     after=[] if tied else [[model.norm, model.output]])
     return model
 
 
@@ -66,7 +60,8 @@ def context_parallel_buffers(model: Transformer) -> list[tuple[torch.Tensor, int
     return [(model.rope_cache, 0)]
 
 
-def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, loss_parallel: bool) -> None:
+def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, loss_parallel: bool,
+             block_plan: BlockPlanFn) -> None:
     """Megatron TP with sequence parallel (distributed/tensor_parallel.py) on a model part.
 
     Between blocks the hidden states are sequence-sharded local tensors (Shard(1)); that is
@@ -87,7 +82,7 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, loss_parallel: bool) ->
         )
     parallelize_module(model, tp_mesh, edges)
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, _block_plan(block, tp_mesh.device_type))
+        parallelize_module(block, tp_mesh, block_plan(block, tp_mesh.device_type))
     if model.tok_embeddings is not None:
         materialise_output(model.tok_embeddings)  # before it reaches a compiled block
         if model.norm is not None and model.args.tie_word_embeddings:
@@ -105,23 +100,12 @@ def _shard_tied_head(model: Transformer, tp_mesh: DeviceMesh, loss_parallel: boo
         model.register_forward_hook(lambda _module, _args, logits: logits.full_tensor())
 
 
-def _block_plan(block: nn.Module, device_type: str) -> dict[str, ParallelStyle]:
+def block_tp_plan(block: nn.Module, device_type: str) -> dict[str, ParallelStyle]:
     """One transformer block: SP norms, then all-gather -> column-wise -> row-wise ->
-    reduce-scatter around attention and around the feed-forward (with torchao's float8
-    styles where the linears were converted to float8, components/float8.py)."""
-    attn, ffn = tp_styles(block.attention, device_type), tp_styles(block.feed_forward, device_type)
+    reduce-scatter around attention and around the feed-forward (distributed/plan_toolkit.py)."""
     return {
         "attention_norm": SequenceParallel(),
-        "attention": attn.prepare_input(input_layouts=(Shard(1), None),  # (x, rope)
-                                        desired_input_layouts=(Replicate(), None)),
-        "attention.wq": attn.colwise(),
-        "attention.wk": attn.colwise(),
-        "attention.wv": attn.colwise(),
-        "attention.wo": attn.rowwise(output_layouts=Shard(1)),
+        **attention_plan(block, device_type),  # (x, rope)
         "ffn_norm": SequenceParallel(),
-        "feed_forward": ffn.prepare_input(input_layouts=(Shard(1),),
-                                          desired_input_layouts=(Replicate(),)),
-        "feed_forward.w1": ffn.colwise(),
-        "feed_forward.w2": ffn.rowwise(output_layouts=Shard(1)),
-        "feed_forward.w3": ffn.colwise(),
+        **swiglu_plan(block, device_type),
     }

@@ -1,0 +1,85 @@
+"""The checks of scripts/gpu_smoke.sh that read outputs or run a kernel (one job each).
+
+    python scripts/gpu_smoke_checks.py metrics DUMP_FOLDER [--mfu] [--steps N]
+        metrics.jsonl holds step N (default: any), every loss finite, the last below the first,
+        and with --mfu an MFU in (0, 100] (the peak from the GPU table)
+    python scripts/gpu_smoke_checks.py sdpa
+        each CUDA SDPA backend (flash, efficient, cuDNN) forward + backward in bf16, causal,
+        against the math backend; bf16 rounds each output to 8 bits of mantissa, so the bound is
+        a few units of bf16's epsilon (2^-8) on O(1) values: 2e-2
+Exit 1 with one line saying what failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+
+def check_metrics(folder: Path, mfu: bool, steps: int | None) -> str:
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()
+               if line.strip()]
+    train = [r for r in records if "loss" in r and "tokens_per_second" in r]
+    if not train:
+        raise AssertionError(f"{folder}/metrics.jsonl has no training record")
+    losses = [r["loss"] for r in train]
+    if not all(math.isfinite(x) for x in losses) or losses[-1] >= losses[0]:
+        raise AssertionError(f"losses not finite and falling: {losses}")
+    if steps is not None and train[-1]["step"] != steps:
+        raise AssertionError(f"last step {train[-1]['step']}, expected {steps}")
+    if mfu and not (train[-1].get("mfu") and 0 < train[-1]["mfu"] <= 100):
+        raise AssertionError(f"MFU missing or out of range: {train[-1].get('mfu')}")
+    return f"loss {losses[0]:.3f} -> {losses[-1]:.3f}, mfu {train[-1].get('mfu')}"
+
+
+def check_sdpa() -> str:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 8, 512, 64, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+
+    def run(backend: SDPBackend) -> list[torch.Tensor]:
+        with sdpa_kernel(backend):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        grads = torch.autograd.grad(out.sum(), (q, k, v))
+        return [out.float(), *(g.float() for g in grads)]
+
+    reference = run(SDPBackend.MATH)
+    done = []
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                    SDPBackend.CUDNN_ATTENTION):
+        got = run(backend)
+        error = max((a - b).abs().max().item() / max(1.0, b.abs().max().item())
+                    for a, b in zip(got, reference, strict=True))
+        if error > 2e-2:
+            raise AssertionError(f"{backend.name}: relative error {error:.3g} > 2e-2")
+        done.append(f"{backend.name} {error:.1e}")
+    return ", ".join(done)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="check", required=True)
+    metrics = sub.add_parser("metrics")
+    metrics.add_argument("folder", type=Path)
+    metrics.add_argument("--mfu", action="store_true")
+    metrics.add_argument("--steps", type=int)
+    sub.add_parser("sdpa")
+    args = parser.parse_args(argv)
+    try:
+        result = (check_metrics(args.folder, args.mfu, args.steps) if args.check == "metrics"
+                  else check_sdpa())
+    except (AssertionError, OSError, ValueError, KeyError) as e:
+        print(f"{args.check}: {e}", file=sys.stderr)
+        sys.exit(1)
+    print(result)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,30 @@
+"""run_train.sh from another directory: relative paths on the command line and in environment
+variables mean paths from there (scripts/user_paths.sh)."""
+
+import shutil
+import subprocess
+import sys
+
+from harness import ROOT, env, read_metrics
+
+
+def test_relative_paths_resolve_against_the_users_directory(tmp_path, corpus):
+    (tmp_path / "models").mkdir()
+    shutil.copy(ROOT / "tests/parallel/zloss_llama.py", tmp_path / "models/zloss.py")
+    shutil.copy(corpus, tmp_path / "corpus.jsonl")
+    (tmp_path / "job.toml").write_text(
+        '[model]\nname = "llama3_zloss"\nflavor = "tiny"\n\n'
+        '[training]\nsteps = 2\nseq_len = 32\nlocal_batch_size = 2\n'
+        'dataset = "local"\ndataset_path = "corpus.jsonl"\n\n'
+        '[validation]\nenable = false\n\n[metrics]\npeak_tflops = 1.0\n')
+    proc = subprocess.run(
+        [str(ROOT / "run_train.sh"), "--job.dump_folder=out",
+         "--job.custom_import", "models/zloss.py", "--training.dataset_path=corpus.jsonl"],
+        cwd=tmp_path, env={**env(), "CONFIG_FILE": "job.toml", "NPROC": "1",
+                           "PYTHON": sys.executable},
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = read_metrics(tmp_path / "out")
+    assert [r["step"] for r in records] == [1, 2]
+    assert "aux_loss/z" in records[0]  # the model file given relative to this directory
+    assert not (ROOT / "out").exists()

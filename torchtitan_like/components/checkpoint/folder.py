@@ -1,0 +1,144 @@
+"""The checkpoint folder: discovery, publication, clean-up, and the checks made before a load
+(the folder protocol is described in the package docstring)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+
+from torchtitan_like.components.checkpoint.validate import CheckpointError
+from torchtitan_like.logging import logger
+
+INFO_FILE = "checkpoint.json"
+_STEP_FOLDER = re.compile(r"step-(\d+)")
+
+
+def step_folders(folder: Path) -> dict[int, Path]:
+    """The complete checkpoints in ``folder`` by step (a ``step-N`` folder exists only once
+    its save completed)."""
+    if not folder.is_dir():
+        return {}
+    found = {}
+    for path in folder.iterdir():
+        match = _STEP_FOLDER.fullmatch(path.name)
+        if match and path.is_dir():
+            found[int(match.group(1))] = path
+    return dict(sorted(found.items()))
+
+
+def read_info(path: Path) -> dict[str, Any]:
+    """A complete checkpoint's checkpoint.json; CheckpointError if missing or unreadable."""
+    try:
+        info = json.loads((path / INFO_FILE).read_text())
+        if not isinstance(info, dict) or not {"step", "states"} <= info.keys():
+            raise ValueError("not a checkpoint description")
+        return info
+    except (OSError, ValueError) as e:
+        raise CheckpointError(
+            f"{path} is corrupt: its {INFO_FILE} is missing or unreadable ({e}). Delete or move "
+            "the folder to resume from an earlier checkpoint, or choose one with "
+            "--checkpoint.load_step") from e
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish(partial: Path, final: Path, info: dict[str, Any]) -> None:
+    """Make a fully written checkpoint visible: checkpoint.json, then an atomic rename."""
+    with (partial / INFO_FILE).open("w") as f:
+        json.dump(info, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    old = final.with_name(final.name + ".old")
+    if final.exists():  # a checkpoint of this step from before an earlier load_step
+        final.rename(old)
+    partial.rename(final)
+    _fsync_dir(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def recover(folder: Path) -> None:
+    """Start-up clean-up (rank 0, before any save): finish an interrupted replacement and
+    delete the folders of saves that never completed."""
+    if not folder.is_dir():
+        return
+    for old in folder.glob("step-*.old"):
+        final = old.with_name(old.name.removesuffix(".old"))
+        if final.exists():
+            shutil.rmtree(old)
+        else:
+            old.rename(final)
+    for partial in folder.glob("step-*.partial"):
+        logger.info(f"checkpoint: removing {partial.name}, a save that never completed")
+        shutil.rmtree(partial)
+
+
+def purge(folder: Path, keep: int) -> None:
+    """Delete all but the ``keep`` newest resumable checkpoints (model-only ones, i.e. seeds
+    and exports, are kept). Called after a save completed, so what goes is superseded."""
+    if keep <= 0:
+        return
+    resumable = []
+    for path in step_folders(folder).values():
+        try:
+            if "train_state" in read_info(path)["states"]:
+                resumable.append(path)
+        except CheckpointError as e:  # not ours to judge: left in place
+            logger.warning(f"checkpoint: not purging {path.name}: {e}")
+    for path in resumable[:-keep]:
+        logger.info(f"checkpoint: deleting {path.name} (keep_latest_k = {keep})")
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def check_files(path: Path) -> Any:
+    """DCP's .metadata of a checkpoint, after checking that every file it needs is there and
+    long enough; CheckpointError otherwise."""
+    try:
+        metadata = FileSystemReader(str(path)).read_metadata()
+    except Exception as e:  # any failure to unpickle means the same thing
+        raise CheckpointError(f"{path} is corrupt: its .metadata cannot be read ({e!r})") from e
+    sizes: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        name = info.relative_path
+        if name not in sizes:
+            file = path / name
+            sizes[name] = file.stat().st_size if file.is_file() else -1
+        if sizes[name] < 0:
+            raise CheckpointError(f"{path} is corrupt: data file {name} is missing")
+        if info.offset + info.length > sizes[name]:
+            raise CheckpointError(
+                f"{path} is corrupt: data file {name} is truncated ({sizes[name]} bytes, "
+                f"{info.offset + info.length} needed)")
+    return metadata
+
+
+def check_keys(template: dict[str, dict[str, Any]], metadata: Any, where: str) -> None:
+    """Every entry the template expects is in the checkpoint, tensors with the same global
+    shape; CheckpointError listing what differs otherwise."""
+    saved = metadata.state_dict_metadata
+    missing, shapes = [], []
+    for name, state in template.items():
+        for key, value in state.items():
+            fqn = f"{name}.{key}"
+            if fqn not in saved:
+                missing.append(fqn)
+            elif isinstance(value, torch.Tensor) and hasattr(saved[fqn], "size") \
+                    and tuple(saved[fqn].size) != tuple(value.shape):
+                shapes.append(f"{fqn}: saved {list(saved[fqn].size)}, here {list(value.shape)}")
+    if missing or shapes:
+        problems = ([f"{len(missing)} missing, e.g. " + ", ".join(missing[:4])] if missing
+                    else []) + ([f"{len(shapes)} of another shape, e.g. " + "; ".join(shapes[:3])]
+                                if shapes else [])
+        raise CheckpointError(f"{where} does not fit this job: {'; '.join(problems)}")

@@ -1,0 +1,379 @@
+"""The checkpoint manager: which checkpoint loads, the checks before loading, and the
+(sync, async, pinned async) saves."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+from torchtitan_like.components.checkpoint.folder import (
+    check_files,
+    check_keys,
+    publish,
+    purge,
+    read_info,
+    recover,
+    step_folders,
+)
+from torchtitan_like.components.checkpoint.staging import StepOrderedStager
+from torchtitan_like.components.checkpoint.states import (
+    JSONState,
+    ModelState,
+    OptimizerState,
+    TrainState,
+    lr_scheduler_state,
+)
+from torchtitan_like.components.checkpoint.validate import CheckpointError
+from torchtitan_like.components.fault_injection import FaultInjector
+from torchtitan_like.components.lr_scheduler import LRSchedulersContainer
+from torchtitan_like.components.optimizer import OptimizersContainer
+from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.config.job_config import JobConfig
+from torchtitan_like.distributed.parallel_dims import ParallelDims
+from torchtitan_like.distributed.utils import DTYPES
+from torchtitan_like.logging import logger
+from torchtitan_like.models.registry import HFAdapter
+
+STATES = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state")
+_EXCLUDE_HINT = "--checkpoint.exclude_from_loading"
+
+def _data_source(config: JobConfig) -> dict[str, Any]:
+    """What a saved stream position refers to: the same documents, split and tokenization."""
+    t = config.training
+    return {"dataset": t.dataset, "dataset_path": t.dataset_path,
+            "dataset_text_field": t.dataset_text_field, "holdout_every": t.holdout_every,
+            "tokenizer_path": config.model.tokenizer_path}
+
+
+@dataclasses.dataclass
+class SaveRecord:
+    """How one save went: ``blocked_s`` is the time the training loop waited for it."""
+
+    step: int
+    mode: str
+    blocked_s: float = 0.0
+    written_s: float | None = None
+    """Seconds from the start of the save until it was complete and visible."""
+
+
+class CheckpointManager:
+    """Saves and loads the trainer's state; all logic of checkpointing lives here.
+
+    The trainer calls ``load()`` once after building everything, ``save(step, last)`` at the end
+    of every step, ``close()`` after the loop, and ``create_seed()`` for
+    ``create_seed_checkpoint``. ``train_state`` is the trainer (its ``state_dict`` holds step and
+    tokens seen).
+    """
+
+    def __init__(
+        self,
+        config: JobConfig,
+        *,
+        parallel_dims: ParallelDims,
+        model_parts: list[nn.Module],
+        optimizers: OptimizersContainer,
+        lr_schedulers: LRSchedulersContainer,
+        dataloader: Any,
+        train_state: Any,
+        device: torch.device,
+        faults: FaultInjector,
+        hf_adapter: HFAdapter | None = None,
+    ):
+        self.config = config
+        self.c = config.checkpoint
+        self.folder = Path(config.job.dump_folder) / self.c.folder
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.parallel_dims = parallel_dims
+        self.faults = faults
+        self.hf_adapter = hf_adapter
+        self.model_parts = model_parts
+        self.train_state = TrainState(train_state, self.rank, device)
+        self.states: dict[str, Any] = {
+            "model": ModelState(model_parts),
+            "optimizer": OptimizerState(model_parts, optimizers),
+            "lr_scheduler": lr_scheduler_state(lr_schedulers),
+            "dataloader": JSONState(dataloader.state_dict, dataloader.load_state_dict),
+            "train_state": self.train_state,
+        }
+        self.records: list[SaveRecord] = []
+        self.loaded_from: Path | None = None
+        self._in_flight: Future | None = None
+        self._staging: Future | None = None
+        self._stager: StepOrderedStager | None = None
+        needed = self.c.enable or bool(self.c.initial_load_path)
+        # Checkpoint collectives (DCP's plans, the load checks) run on their own gloo group: a
+        # CPU group for NCCL jobs, and one that async saves' threads never share with training.
+        self.pg = dist.new_group(backend="gloo") if needed else None
+        self._background = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
+        if self.c.enable and self.c.async_mode == "async_with_pinned_mem":
+            self._stager = StepOrderedStager(device)  # after the step; /dev/shm checked
+            for optimizer in optimizers.optimizers:
+                optimizer.register_step_pre_hook(self._wait_for_staging)
+
+    # --- loading ---
+
+    def load(self) -> None:
+        """Resume from the latest complete checkpoint (or ``load_step``), else load the initial
+        weights (``initial_load_path``), else leave the fresh initialisation."""
+        if self.pg is None:
+            return
+        if self.rank == 0 and self.c.enable:
+            recover(self.folder)
+        dist.barrier(group=self.pg)
+        if self.c.create_seed_checkpoint:
+            found = step_folders(self.folder)
+            if found:
+                raise CheckpointError(
+                    f"create_seed_checkpoint writes step-0 into an empty folder, but {self.folder} "
+                    f"holds step(s) {', '.join(map(str, found))}; use another dump_folder")
+            return
+        path = self._choose() if self.c.enable else None
+        if path is not None:
+            self._resume(path)
+        elif self.c.initial_load_path:
+            self._load_initial(Path(self.c.initial_load_path))
+
+    def _choose(self) -> Path | None:
+        found = step_folders(self.folder)
+        if self.c.load_step >= 0:
+            if self.c.load_step not in found:
+                raise CheckpointError(
+                    f"[checkpoint] load_step = {self.c.load_step}: no complete checkpoint "
+                    f"step-{self.c.load_step} in {self.folder} (complete: "
+                    f"{', '.join(map(str, found)) or 'none'})")
+            later = [s for s in found if s > self.c.load_step]
+            if later:
+                logger.warning(f"checkpoint: resuming from step {self.c.load_step}; the later "
+                               f"checkpoints {later} will be replaced as this run saves")
+            return found[self.c.load_step]
+        for step in reversed(found):  # the newest that can resume (older ones are not read)
+            if "train_state" in read_info(found[step])["states"]:
+                return found[step]
+        if 0 in found:  # a seed checkpoint: the initial weights
+            return found[0]
+        if found:
+            raise CheckpointError(
+                f"{self.folder} holds only model-only checkpoints ({', '.join(map(str, found))}), "
+                "which cannot resume training: set --checkpoint.load_step to start from one's "
+                "weights, or use another dump_folder")
+        return None
+
+    def _resume(self, path: Path) -> None:
+        info = read_info(path)
+        excluded = set(self.c.exclude_from_loading)
+        names = [n for n in STATES if n in info["states"] and n not in excluded]
+        where = f"checkpoint {path}"
+        if info.get("world_size") != self.world_size:
+            self.train_state.rng_source = 0
+        problem = None
+        try:
+            if "dataloader" in names:
+                self._check_data(info, where)
+            metadata = check_files(path)
+            cuda_rng = f"train_state.rng_cuda.rank{self.train_state.rng_source}"
+            self.train_state.device_rng &= cuda_rng in metadata.state_dict_metadata
+            template = {n: self.states[n].state_dict() for n in names}
+            check_keys(template, metadata, where + self._model_hint(info))
+        except CheckpointError as e:
+            problem = e
+        self._agree(problem)
+        self._dcp_load({n: self.states[n] for n in names}, str(path), where)
+        self.loaded_from = path
+        step = info["step"] if "train_state" in names else 0
+        skipped = sorted(set(STATES) - set(names))
+        logger.info(f"checkpoint: loaded {', '.join(names)} from {path} (step {info['step']}, "
+                    f"saved by {info.get('world_size')} process(es)); training continues "
+                    f"after step {step}" + (f"; not loaded: {', '.join(skipped)}" if skipped
+                                            else ""))
+
+    def _model_hint(self, info: dict[str, Any]) -> str:
+        saved, here = info.get("model", {}), self.config.model
+        if saved and (saved.get("name"), saved.get("flavor")) != (here.name, here.flavor):
+            return (f" (saved by [model] {saved.get('name')}/{saved.get('flavor')}, this job "
+                    f"runs {here.name}/{here.flavor})")
+        return ""
+
+    def _check_data(self, info: dict[str, Any], where: str) -> None:
+        saved, here = info.get("data", {}), _data_source(self.config)
+        changed = [f"{k}: saved {saved.get(k)!r}, now {v!r}" for k, v in here.items()
+                   if saved.get(k) != v]
+        if changed:
+            raise CheckpointError(
+                f"{where}: its data-stream position refers to other data ({'; '.join(changed)}). "
+                f"To start the new data from its beginning, do not load that position: "
+                f"{_EXCLUDE_HINT}=dataloader (or exclude_from_loading = [\"dataloader\"])")
+        shape = (self.global_batch_size, self.config.training.seq_len)
+        saved_shape = (info.get("global_batch_size"), info.get("seq_len"))
+        if saved_shape != shape:
+            logger.info(f"checkpoint: (global batch, seq_len) changed from {saved_shape} to "
+                        f"{shape}: the token stream continues where it stopped, cut into the new "
+                        "shapes (no token repeated or skipped)")
+
+    def _agree(self, problem: CheckpointError | None) -> None:
+        """All ranks stop together if any found a problem (none is left waiting in DCP)."""
+        flag = torch.tensor([0 if problem is None else 1])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.pg)
+        if problem is not None:
+            raise problem
+        if flag.item():
+            raise CheckpointError("another rank found the checkpoint unusable (see its error)")
+
+    def _dcp_load(self, state: dict[str, Any], checkpoint_id: str | None, where: str,
+                  **kwargs: Any) -> None:
+        try:
+            dcp.load(state, checkpoint_id=checkpoint_id, process_group=self.pg, **kwargs)
+        except Exception as e:
+            raise CheckpointError(f"loading {where} failed, the run stops: {e}") from e
+
+    def _load_initial(self, path: Path) -> None:
+        """The initial weights: a DCP checkpoint's model, or a HuggingFace folder."""
+        model = self.states["model"]
+        problem = None
+        if self.c.initial_load_in_hf:
+            template: dict[str, Any] = {}
+            try:
+                self.hf_adapter.check_config(json.loads((path / "config.json").read_text()))
+                template = self.hf_adapter.to_hf(model.state_dict())
+            except (ConfigError, OSError, ValueError) as e:
+                problem = CheckpointError(f"initial_load_path {path}: {e}")
+            self._agree(problem)
+            self._dcp_load(template, None, f"HuggingFace weights {path}",
+                           storage_reader=dcp.HuggingFaceStorageReader(str(path)))
+            model.load_state_dict(self.hf_adapter.from_hf(template))
+        else:
+            try:
+                check_keys({"model": model.state_dict()}, check_files(path),
+                           f"initial_load_path {path}")
+            except CheckpointError as e:
+                problem = e
+            self._agree(problem)
+            self._dcp_load({"model": model}, str(path), f"initial_load_path {path}")
+        logger.info(f"checkpoint: initial weights loaded from {path}")
+
+    # --- saving ---
+
+    @property
+    def global_batch_size(self) -> int:
+        t = self.config.training
+        return (t.global_batch_size if t.global_batch_size != -1
+                else t.local_batch_size * self.parallel_dims.dp)
+
+    def _info(self, step: int, states: list[str], dtype: str) -> dict[str, Any]:
+        return {
+            "step": step,
+            "states": states,
+            "dtype": dtype,
+            "model": {"name": self.config.model.name, "flavor": self.config.model.flavor},
+            "world_size": self.world_size,
+            "layout": {k: v for k, v in dataclasses.asdict(self.parallel_dims).items()
+                       if k != "world_size"},
+            "data": _data_source(self.config),
+            "global_batch_size": self.global_batch_size,
+            "seq_len": self.config.training.seq_len,
+            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "torch": torch.__version__,
+        }
+
+    def save(self, step: int, last: bool = False) -> None:
+        """Save after ``step`` when due: every ``interval`` steps and after the last one."""
+        if not self.c.enable or not (last or step % self.c.interval == 0):
+            return
+        self._wait()
+        start = time.perf_counter()
+        if last and self.c.last_save_model_only:
+            dtype = self.c.export_dtype
+            states = {"model": ModelState(self.model_parts, DTYPES[dtype])}
+        else:
+            dtype, states = self.config.training.dtype, dict(self.states)
+            if self.rank != 0:  # the stream position is every rank's: rank 0 writes it
+                states["dataloader"] = {}
+        mode = "disabled" if last else self.c.async_mode  # the last save is waited for anyway
+        record = SaveRecord(step, mode)
+        self.records.append(record)
+        partial = self.folder / f"step-{step}.partial"
+        writer = self.faults.storage_writer(str(partial), step) or FileSystemWriter(str(partial))
+        info = self._info(step, [n for n in STATES if n in states], dtype)
+        if mode == "disabled":
+            dcp.save(states, storage_writer=writer, process_group=self.pg)
+            upload: Future = Future()
+            upload.set_result(None)
+        elif mode == "async":
+            upload = dcp.async_save(states, storage_writer=writer, process_group=self.pg,
+                                    async_checkpointer_type=AsyncCheckpointerType.THREAD)
+        else:
+            response = dcp.async_save(states, storage_writer=writer, process_group=self.pg,
+                                      async_checkpointer_type=AsyncCheckpointerType.PROCESS,
+                                      async_stager=self._stager)
+            self._staging, upload = response.staging_completion, response.upload_completion
+        self._in_flight = self._background.submit(self._finish, upload, partial, info, record,
+                                                  start)
+        record.blocked_s += time.perf_counter() - start
+        logger.info(f"checkpoint step {step}: {mode if mode != 'disabled' else 'sync'} save "
+                    f"of {', '.join(states)}; the loop waited {record.blocked_s:.3f} s")
+        if last:
+            self._wait()
+
+    def _finish(self, upload: Future, partial: Path, info: dict[str, Any], record: SaveRecord,
+                start: float) -> None:
+        """In the background: once the save completed everywhere, rank 0 publishes it and
+        deletes what it supersedes."""
+        upload.result()
+        if self.rank == 0:
+            publish(partial, self.folder / f"step-{info['step']}", info)
+            purge(self.folder, self.c.keep_latest_k)
+            logger.info(f"checkpoint step {info['step']}: complete after "
+                        f"{time.perf_counter() - start:.2f} s")
+        record.written_s = time.perf_counter() - start
+
+    def _wait_for_staging(self, *_: Any) -> None:
+        """Before an optimizer step: the background copy of the last save must be done."""
+        if self._staging is not None:
+            start = time.perf_counter()
+            self._staging.result()
+            self._staging = None
+            self.records[-1].blocked_s += time.perf_counter() - start
+
+    def _wait(self) -> None:
+        """Wait for the save in flight (at most one); raise if it failed."""
+        if self._in_flight is None:
+            return
+        start = time.perf_counter()
+        try:
+            self._in_flight.result()
+        except Exception as e:
+            raise CheckpointError(f"the checkpoint save failed: {e!r}") from e
+        finally:
+            self._in_flight, self._staging = None, None
+        if self.records:
+            self.records[-1].blocked_s += time.perf_counter() - start
+
+    def create_seed(self) -> bool:
+        """With ``create_seed_checkpoint``: save the initial weights as step-0 (model only)."""
+        if not self.c.create_seed_checkpoint:
+            return False
+        partial = self.folder / "step-0.partial"  # one process (validate_checkpoint)
+        dcp.save({"model": self.states["model"]}, storage_writer=FileSystemWriter(str(partial)),
+                 process_group=self.pg)
+        publish(partial, self.folder / "step-0",
+                self._info(0, ["model"], self.config.training.dtype))
+        logger.info(f"checkpoint: seed checkpoint written to {self.folder / 'step-0'}")
+        return True
+
+    def close(self) -> None:
+        """Wait for the last save and release the background machinery."""
+        self._wait()
+        self._background.shutdown()
+        if self._stager is not None:
+            self._stager.close()

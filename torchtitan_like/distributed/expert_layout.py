@@ -1,0 +1,94 @@
+"""Expert parallelism's layout: which ranks share experts, and the expert mesh view.
+
+EP does not add ranks: like TorchTitan, it borrows them from the ranks that already split the
+data. Dense parameters keep the mesh ``[pp, dp_replicate, dp_shard, cp, tp]``; routed-expert
+parameters see the same ranks as ``[pp, dp_replicate, efsdp, ep, etp]``:
+
+- ``etp``: tensor parallel inside each expert, either ``tp`` (experts split like the dense
+  feed-forward) or 1 (then the TP ranks, which hold different tokens under sequence parallel,
+  join the borrowed ranks);
+- ``ep``: ranks holding different experts, exchanging tokens with all-to-alls;
+- ``efsdp``: the rest of the borrowed ranks, ``dp_shard x cp x (tp / etp) / ep``: they hold the
+  same experts, so FSDP shards the expert weights over them (and HSDP replicates them over
+  ``dp_replicate``, as the dense weights).
+
+Both views unflatten one 1-D world mesh, so rank ``r`` sits in both (docs/expert-parallel.md
+works an example through).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from torchtitan_like.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from torchtitan_like.distributed.parallel_dims import ParallelDims
+
+EXPERT_MESH_DIMS = ("pp", "dp_replicate", "efsdp", "ep", "etp")
+
+
+def borrowed_ranks(dims: ParallelDims) -> int:
+    """Ranks of one pipeline stage and one replica that EP and expert-FSDP split between them."""
+    return dims.dp_shard * dims.cp * (dims.tp if dims.etp == 1 else 1)
+
+
+def efsdp_degree(dims: ParallelDims) -> int:
+    """Ranks holding the same experts inside one replica (FSDP shards expert weights over them)."""
+    return borrowed_ranks(dims) // dims.ep
+
+
+def validate_expert_layout(dims: ParallelDims, num_experts: int) -> None:
+    """One ConfigError per impossible EP/ETP setting; ``num_experts`` = 0 for a dense model."""
+    fields = "[parallelism] expert_parallel_degree"
+    for name, degree in (("expert_parallel_degree", dims.ep),
+                         ("expert_tensor_parallel_degree", dims.etp)):
+        if degree < 1:
+            raise ConfigError(f"[parallelism] {name} = {degree}: must be >= 1")
+    if dims.etp not in (1, dims.tp):
+        raise ConfigError(
+            f"[parallelism] expert_tensor_parallel_degree = {dims.etp} must be 1 or "
+            f"tensor_parallel_degree = {dims.tp}: experts are either split like the dense "
+            "layers or not at all"
+        )
+    if num_experts == 0 and (dims.ep > 1 or dims.etp > 1):
+        raise ConfigError(
+            f"{fields} = {dims.ep}, expert_tensor_parallel_degree = {dims.etp}: the model has "
+            "no mixture-of-experts layers; set both to 1"
+        )
+    borrowed = borrowed_ranks(dims)
+    source = "dp_shard x cp" + (" x tp" if dims.etp == 1 and dims.tp > 1 else "")
+    if borrowed % dims.ep:
+        raise ConfigError(
+            f"{fields} = {dims.ep} must divide the ranks it borrows, {source} = {borrowed} "
+            f"({dims}); EP adds no ranks, it splits the experts over data-parallel ones"
+        )
+    if num_experts and num_experts % dims.ep:
+        raise ConfigError(
+            f"{fields} = {dims.ep} must divide the model's {num_experts} routed experts "
+            "(each EP rank holds the same number of experts)"
+        )
+    if dims.etp > 1:
+        raise ConfigError(
+            f"[parallelism] expert_tensor_parallel_degree = {dims.etp}: tensor parallelism "
+            "inside the experts is not implemented yet; set it to 1 (EP then borrows the TP "
+            "ranks too, which hold different tokens under sequence parallel)"
+        )
+
+
+def expert_mesh(world: DeviceMesh, dims: ParallelDims) -> DeviceMesh:
+    """``[pp, dp_replicate, efsdp, ep, etp]`` unflattened from the same 1-D world mesh as the
+    dense view, so both share a root (FSDP then composes with EP's DTensors)."""
+    shape = (dims.pp, dims.dp_replicate, efsdp_degree(dims), dims.ep, dims.etp)
+    assert math.prod(shape) == dims.world_size, (shape, dims)
+    return world._unflatten(0, shape, EXPERT_MESH_DIMS)
+
+
+def expert_fsdp_mesh(experts: DeviceMesh) -> DeviceMesh:
+    """FSDP's mesh for expert weights: efsdp, or (dp_replicate, efsdp) for HSDP."""
+    if experts["dp_replicate"].size() > 1:
+        return experts["dp_replicate", "efsdp"]
+    return experts["efsdp"]

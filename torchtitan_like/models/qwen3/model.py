@@ -1,0 +1,72 @@
+"""Qwen3: the llama skeleton (models/llama3/model.py) with per-head q/k RMSNorm before RoPE and,
+in the MoE flavors, the shared MoE layer (models/moe/) in place of every feed-forward.
+
+Module names are llama's (``tok_embeddings``, ``layers.N.attention.wq``, ``feed_forward``,
+``norm``, ``output``), plus ``attention.q_norm``/``k_norm`` and ``moe``, so the llama pipeline
+split, FSDP units and TP styles apply unchanged. The q/k norms act on each head's
+``head_dim`` values alone, so a tensor-parallel rank holding whole heads normalises them
+locally (parallelize.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from torchtitan_like.models.llama3.model import Attention, FeedForward, Transformer, apply_rope
+from torchtitan_like.models.moe import MoE
+from torchtitan_like.models.qwen3.args import Qwen3Args
+
+
+class Qwen3Attention(Attention):
+    def __init__(self, args: Qwen3Args):
+        super().__init__(args)
+        self.q_norm = nn.RMSNorm(args.head_dim, eps=args.norm_eps)
+        self.k_norm = nn.RMSNorm(args.head_dim, eps=args.norm_eps)
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, rope: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        return apply_rope(self.q_norm(q), rope), apply_rope(self.k_norm(k), rope)
+
+    def init_weights(self, init_std: float) -> None:
+        super().init_weights(init_std)
+        self.q_norm.reset_parameters()
+        self.k_norm.reset_parameters()
+
+
+class Qwen3Block(nn.Module):
+    """Pre-norm attention, then pre-norm SwiGLU (``feed_forward``) or MoE (``moe``)."""
+
+    def __init__(self, layer_id: int, args: Qwen3Args):
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.attention = Qwen3Attention(args)
+        self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.moe_enabled = args.moe is not None
+        if self.moe_enabled:
+            self.moe = MoE(args.dim, args.moe_hidden_dim, args.moe, layer_id, args.n_layers)
+        else:
+            self.feed_forward = FeedForward(args.dim, args.hidden_dim)
+        depth = layer_id + 1 if args.depth_init else args.n_layers
+        self.init_std = 0.02 / (2 * depth) ** 0.5
+
+    @property
+    def ffn(self) -> nn.Module:
+        return self.moe if self.moe_enabled else self.feed_forward
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope)
+        return h + self.ffn(self.ffn_norm(h))
+
+    def init_weights(self) -> None:
+        for norm in (self.attention_norm, self.ffn_norm):
+            norm.reset_parameters()
+        self.attention.init_weights(self.init_std)
+        self.ffn.init_weights(self.init_std)
+
+
+class Qwen3Model(Transformer):
+    """Embedding, Qwen3 blocks, final RMSNorm, head (tied to the embedding where the published
+    model ties it); forward, RoPE table and init are the llama skeleton's."""
+
+    block_cls = Qwen3Block

@@ -1,0 +1,36 @@
+"""The Qwen3 parallelization plan: llama's (models/llama3/parallelize.py), in llama's order
+(TP -> CP -> AC -> compile -> FSDP), with two Qwen3 entries in each block's TP plan.
+
+The q/k RMSNorms normalise each head over its own ``head_dim`` values. Tensor parallelism
+splits the heads, never a head, so each rank normalises its own heads exactly as one process
+does; only the norm weights' gradients need all ranks: every rank's heads contribute to them.
+``SequenceParallel(sequence_dim=2)`` says precisely that: the input is sharded on dim 2 (the
+heads of (bs, seq, heads, head_dim)), the weight is a replicated DTensor whose gradient is
+summed over the TP ranks. MoE flavors are refused under TP (args.py); FSDP shards them as any
+block. With no selection bias in Qwen3-MoE there is no optimizer hook to register.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.tensor.parallel import ParallelStyle, SequenceParallel
+
+from torchtitan_like.config.job_config import JobConfig
+from torchtitan_like.distributed.parallel_dims import Meshes, ParallelDims
+from torchtitan_like.models.llama3.parallelize import block_tp_plan, parallelize_llama
+from torchtitan_like.models.qwen3.model import Qwen3Model
+
+
+def qwen3_block_tp_plan(block: nn.Module, device_type: str) -> dict[str, ParallelStyle]:
+    """Llama's block plan plus head-sharded q/k norms (local tensors out, as RoPE expects)."""
+    return {
+        **block_tp_plan(block, device_type),
+        "attention.q_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+        "attention.k_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+    }
+
+
+def parallelize_qwen3(model: Qwen3Model, parallel_dims: ParallelDims, meshes: Meshes,
+                      config: JobConfig) -> Qwen3Model:
+    return parallelize_llama(model, parallel_dims, meshes, config,
+                             block_plan=qwen3_block_tp_plan)
