@@ -1,7 +1,7 @@
 """Side by side with TorchTitan: both trainers alternately on the identical job, median ratio.
 
     PEER_DIR=<torchtitan peer workspace> python scripts/bench_peer.py [--pairs 3] [--steps 12] \
-        [--warmup 5] [--nproc 2] [--ours "--compile.enable true"] [--peer "--compile.enable"]
+        [--warmup 5] [--nproc 2] [--ours="--compile.enable true"] [--peer=--compile.enable]
 
 The job (the throughput issue's debug job): Llama 3 debug model (dim 256, 6 layers, 16 heads,
 vocab 2048), seq 512, local batch 4, FSDP over ``--nproc`` processes, bf16 parameters with fp32
