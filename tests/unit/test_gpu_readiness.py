@@ -148,19 +148,21 @@ def test_float8_rowwise_is_admitted_only_where_its_kernels_exist():
     check_cuda_capability(Float8(enable=True), "RTX PRO 5000", (12, 0))  # tensorwise runs
 
 
-def test_float8_rowwise_with_compile_emulates_precision_casts(monkeypatch):
+def test_float8_rowwise_with_compile_emulates_precision_casts():
     import torch._inductor.config as inductor
 
     from torchtitan_like.components.float8 import Float8Converter
     from torchtitan_like.config.job_config import Float8
     from torchtitan_like.distributed.parallel_dims import ParallelDims
 
-    monkeypatch.setattr(inductor, "emulate_precision_casts", False)
-    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, world_size=1)
-    Float8Converter(Float8(enable=True, recipe_name="tensorwise"), dims, "cpu", True)
-    assert inductor.emulate_precision_casts is False
-    Float8Converter(Float8(enable=True, recipe_name="rowwise"), dims, "cpu", True)
-    assert inductor.emulate_precision_casts is True
+    # inductor's own patch(), not monkeypatch: monkeypatch would restore the config entry by
+    # deleting it (it is not in the module's __dict__), hiding it from every later compile.
+    with inductor.patch(emulate_precision_casts=False):
+        dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, world_size=1)
+        Float8Converter(Float8(enable=True, recipe_name="tensorwise"), dims, "cpu", True)
+        assert inductor.emulate_precision_casts is False
+        Float8Converter(Float8(enable=True, recipe_name="rowwise"), dims, "cpu", True)
+        assert inductor.emulate_precision_casts is True
 
 
 def test_float8_checks_local_shapes_under_tp():

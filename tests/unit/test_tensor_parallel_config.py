@@ -99,21 +99,23 @@ def test_tp_across_nodes_is_a_warning(monkeypatch, log):
     assert not log.text
 
 
-def test_async_tp_setup_registers_the_tp_group(monkeypatch):
+def test_async_tp_setup_registers_the_tp_group():
     """The GPU path's calls, checked against this torch on a one-process gloo group (the
     inductor pass itself only fires on CUDA): the flag is set and the TP group is one the
     micro-pipeline pass accepts."""
     import torch._inductor.config as inductor_config
     from torch.distributed._symmetric_memory import is_symm_mem_enabled_for_group
 
-    monkeypatch.setattr(inductor_config, "_micro_pipeline_tp", False)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    # inductor's own patch(): monkeypatch would restore the entry by deleting it (it is not in
+    # the module's __dict__), hiding it from every later compile in this process
     try:
-        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
-        maybe_enable_async_tp(False, mesh)
-        assert not torch._inductor.config._micro_pipeline_tp
-        maybe_enable_async_tp(True, mesh)
-        assert torch._inductor.config._micro_pipeline_tp
-        assert is_symm_mem_enabled_for_group(mesh.get_group().group_name)
+        with inductor_config.patch(_micro_pipeline_tp=False):
+            mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+            maybe_enable_async_tp(False, mesh)
+            assert not torch._inductor.config._micro_pipeline_tp
+            maybe_enable_async_tp(True, mesh)
+            assert torch._inductor.config._micro_pipeline_tp
+            assert is_symm_mem_enabled_for_group(mesh.get_group().group_name)
     finally:
         dist.destroy_process_group()
