@@ -4,7 +4,8 @@ Qwen3 runs llama's plan (TP -> CP -> AC -> compile -> FSDP, the same pipeline sp
 tests/parallel/ proves case by case for llama; here each dimension runs once more on Qwen3,
 aimed at what Qwen3 adds: the per-head q/k RMSNorms under TP (their weights are replicated
 DTensors whose gradients sum over the TP ranks, parallelize.py), the untied head of the MoE
-flavor across pipeline stages, and the MoE layer under FSDP/HSDP, PP and AC.
+flavor across pipeline stages, and the MoE layer under FSDP/HSDP, PP, AC and expert
+parallelism (the token all-to-alls change which rank multiplies a token, not the sums).
 
 fp32, deterministic kernels, same seed and global batch (4 x 64 tokens), 5 steps. The layouts
 change only the order of floating-point sums (reduce-scatters, row-wise all-reduces, ring
@@ -17,6 +18,7 @@ gradients mixed), so a dropped style cannot pass silently either.
 """
 
 import pytest
+import torch
 from harness import assert_close, launch, losses
 
 TOL = 1e-5
@@ -33,6 +35,10 @@ PP2 = ["--parallelism.pipeline_parallel_degree", "2",
 @pytest.fixture(scope="module")
 def runs(corpus, tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen3")
+    # one inductor cache per kernel level: its key does not include ATEN_CPU_CAPABILITY
+    level = torch.backends.cpu.get_cpu_capability().lower()
+    cache = ["--compile.cache_dir", str(tmp_path_factory.getbasetemp().parent
+                                        / f"inductor_{level}")]
     one = launch(1, {"dense": [*DENSE, *WHOLE], "moe": [*MOE, *WHOLE]}, root / "one", corpus)
     four = launch(4, {
         "dense_cp2_tp2": [*DENSE, *WHOLE, *CP2, *TP2],
@@ -42,11 +48,19 @@ def runs(corpus, tmp_path_factory):
         "moe_hsdp2x2_ac": [*MOE, "--parallelism.data_parallel_replicate_degree", "2",
                            "--training.local_batch_size", "1",
                            "--activation_checkpoint.mode", "full"],
+        # FSDP 4 x EP 2: each rank computes 4 of the 8 experts, expert weights FSDP-sharded
+        # over the 2 ranks that hold the same experts
+        "moe_fsdp4_ep2": [*MOE, "--training.local_batch_size", "1",
+                          "--parallelism.expert_parallel_degree", "2"],
+        # compiled blocks (q/k norms inside) under FSDP 4: fused kernels reorder fp32 sums
+        "dense_fsdp4_compile": [*DENSE, "--training.local_batch_size", "1",
+                                "--compile.enable", "true", *cache],
     }, root / "four", corpus)
     return {**one, **four}
 
 
-@pytest.mark.parametrize("case", ["dense_cp2_tp2", "moe_pp2_fsdp2", "moe_hsdp2x2_ac"])
+@pytest.mark.parametrize("case", ["dense_cp2_tp2", "moe_pp2_fsdp2", "moe_hsdp2x2_ac",
+                                  "moe_fsdp4_ep2", "dense_fsdp4_compile"])
 def test_matches_one_process(runs, case):
     reference = runs[case.split("_")[0]]
     assert len(losses(runs[case])) == 5

@@ -82,7 +82,7 @@ def test_yarn_applies_only_beyond_the_original_context():
 
 def test_unsupported_layouts_are_refused_at_start_up():
     base = ["--model.name", "deepseek_v3", "--model.flavor", "debugmodel"]
-    with pytest.raises(ConfigError, match="compiling deepseek_v3 blocks is not supported"):
+    with pytest.raises(ConfigError, match="compiling deepseek_v3 blocks with mixture-of-experts"):
         parse_args([*base, "--compile.enable"], 1)
     with pytest.raises(ConfigError, match="does not support tensor parallelism"):
         parse_args([*base, "--parallelism.tensor_parallel_degree", "2"], 2)

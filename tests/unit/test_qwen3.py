@@ -107,10 +107,16 @@ def test_continue_config_validates_with_the_published_folder(tmp_path, monkeypat
                     "--model.flavor=1.7B"], 8)
 
 
-def test_expert_parallelism_is_refused_before_start_up():
-    """llama's plan, which Qwen3 reuses, has no expert-parallel step: EP must not be accepted
-    and silently train replicated experts."""
-    with pytest.raises(ConfigError, match=r"model 'qwen3' supports only data parallelism and "
-                                          r"\[cp, pp, tp\]"):
-        parse_args(["--model.name", "qwen3", "--model.flavor", "debugmodel_moe",
+
+def test_expert_parallelism_needs_the_moe_flavor():
+    with pytest.raises(ConfigError, match="no mixture-of-experts layers"):
+        parse_args(["--model.name", "qwen3", "--model.flavor", "debugmodel",
                     "--parallelism.expert_parallel_degree", "2"], 2)
+    parse_args(["--model.name", "qwen3", "--model.flavor", "debugmodel_moe",
+                "--parallelism.expert_parallel_degree", "2"], 2)
+
+
+def test_moe_block_compile_is_refused():
+    with pytest.raises(ConfigError, match="compiling qwen3 blocks with mixture-of-experts"):
+        parse_args(["--model.name", "qwen3", "--model.flavor", "debugmodel_moe",
+                    "--compile.enable", "true"], 1)

@@ -32,6 +32,8 @@ from torch.distributed.tensor.parallel import ParallelStyle
 from torchtitan_like.components.float8 import tp_styles
 from torchtitan_like.distributed.activation_checkpoint import apply_ac
 from torchtitan_like.distributed.compile import apply_compile
+from torchtitan_like.distributed.expert_layout import expert_fsdp_mesh
+from torchtitan_like.distributed.expert_parallel import apply_expert_fsdp, apply_expert_parallel
 from torchtitan_like.distributed.fsdp import apply_fsdp, reshard_after_forward
 from torchtitan_like.distributed.utils import DTYPES
 
@@ -106,21 +108,30 @@ def swiglu_plan(block: nn.Module, device_type: str, name: str = "feed_forward",
 def apply_block_tail(model: nn.Module, blocks: nn.ModuleDict, parallel_dims: ParallelDims,
                      meshes: Meshes, config: JobConfig, *,
                      before: Sequence[Sequence[nn.Module | None]] = (),
-                     after: Sequence[Sequence[nn.Module | None]] = ()) -> None:
-    """Activation checkpointing -> compile -> FSDP2 over ``blocks`` (a ModuleDict, in place),
-    the shared tail of every plan. FSDP units, in forward order: the groups ``before`` the
-    blocks (e.g. the embedding), one per block, the groups ``after`` them (e.g. norm + head),
-    and the rest of ``model`` as the root unit (None entries, modules a pipeline stage
-    dropped, are skipped)."""
+                     after: Sequence[Sequence[nn.Module | None]] = (),
+                     routed_experts: Sequence[nn.Module] = ()) -> None:
+    """Expert parallelism -> activation checkpointing -> compile -> FSDP2 over ``blocks`` (a
+    ModuleDict, in place), the shared tail of every plan. FSDP units, in forward order: the
+    groups ``before`` the blocks (e.g. the embedding), one per block, the groups ``after`` them
+    (e.g. norm + head), and the rest of ``model`` as the root unit (None entries, modules a
+    pipeline stage dropped, are skipped). Under EP, ``routed_experts`` (the GroupedExperts of
+    the part's MoE layers) are sharded over ``ep`` with the token all-to-alls, then get their
+    own FSDP units over the expert-FSDP mesh (distributed/expert_parallel.py)."""
+    if parallel_dims.ep_enabled:
+        apply_expert_parallel(routed_experts, meshes.expert["ep"])
     apply_ac(blocks, config.activation_checkpoint)
     apply_compile(blocks, config.compile)
-    if parallel_dims.fsdp_enabled:
-        apply_fsdp(
-            model,
-            meshes.fsdp,
-            [*before, *([block] for block in blocks.values()), *after],
-            param_dtype=DTYPES[config.training.mixed_precision_param],
-            reduce_dtype=DTYPES[config.training.mixed_precision_reduce],
-            reshard=reshard_after_forward(config.parallelism.fsdp_reshard_after_forward,
-                                          parallel_dims.pp > 1),
-        )
+    if not parallel_dims.fsdp_enabled:
+        return
+    param_dtype = DTYPES[config.training.mixed_precision_param]
+    reduce_dtype = DTYPES[config.training.mixed_precision_reduce]
+    reshard = reshard_after_forward(config.parallelism.fsdp_reshard_after_forward,
+                                    parallel_dims.pp > 1)
+    ignored: set[nn.Parameter] = set()
+    if parallel_dims.ep_enabled:
+        ignored = apply_expert_fsdp(routed_experts, expert_fsdp_mesh(meshes.expert),
+                                    param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                                    reshard=reshard)
+    apply_fsdp(model, meshes.fsdp, [*before, *([block] for block in blocks.values()), *after],
+               param_dtype=param_dtype, reduce_dtype=reduce_dtype, reshard=reshard,
+               ignored_params=ignored)

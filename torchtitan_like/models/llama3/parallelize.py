@@ -1,15 +1,15 @@
 """The Llama 3 parallelization plan: one model part in, the same part parallelized out.
 
 The order is fixed and each step lives in its own file under distributed/:
-tensor parallel -> context parallel -> activation checkpointing -> torch.compile -> FSDP2
-(the last three through distributed/plan_toolkit.py's ``apply_block_tail``).
+tensor parallel -> context parallel -> (expert parallel) -> activation checkpointing ->
+torch.compile -> FSDP2 (the last four through distributed/plan_toolkit.py's ``apply_block_tail``).
 Every step skips the modules a pipeline stage dropped (``None``), so each stage of a pipeline
 goes through this same plan.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -36,10 +36,11 @@ BlockPlanFn = Callable[[nn.Module, str], dict[str, ParallelStyle]]
 
 def parallelize_llama(
     model: Transformer, parallel_dims: ParallelDims, meshes: Meshes, config: JobConfig,
-    block_plan: BlockPlanFn | None = None,
+    block_plan: BlockPlanFn | None = None, routed_experts: Sequence[nn.Module] = (),
 ) -> Transformer:
     """``block_plan`` is one block's TP plan (default: llama's ``block_tp_plan``); a family
-    on the same skeleton with more modules in a block passes its own."""
+    on the same skeleton with more modules in a block passes its own, and one with MoE blocks
+    passes their ``routed_experts`` for expert parallelism (plan_toolkit.apply_block_tail)."""
     if parallel_dims.tp_enabled:
         apply_tp(model, meshes.tp, loss_parallel=parallel_dims.loss_parallel_enabled,
                  block_plan=block_plan or block_tp_plan)
@@ -50,7 +51,8 @@ def parallelize_llama(
     tied = model.args.tie_word_embeddings
     apply_block_tail(model, model.layers, parallel_dims, meshes, config,
                      before=[] if tied else [[model.tok_embeddings]],
-                     after=[] if tied else [[model.norm, model.output]])
+                     after=[] if tied else [[model.norm, model.output]],
+                     routed_experts=routed_experts)
     return model
 
 

@@ -8,6 +8,8 @@ auxiliary loss reaches the training loss through the step hooks (``step_hooks.ad
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from torch import nn
 
@@ -95,6 +97,12 @@ class MoE(nn.Module):
         if self.expert_bias is not None:
             self.expert_bias.zero_()
         self.tokens_per_expert.zero_()
+
+
+def routed_experts(blocks: Iterable[nn.Module]) -> list[GroupedExperts]:
+    """The GroupedExperts of the MoE layers among ``blocks`` (a model part's blocks, each with
+    ``moe_enabled`` and ``moe``): what expert parallelism shards."""
+    return [block.moe.experts for block in blocks if block.moe_enabled]
 
 
 def load_imbalance(tokens_per_expert: torch.Tensor) -> float:

@@ -14,9 +14,6 @@ register_model(
         hf_adapter=Qwen3HFAdapter,
         context_parallel_buffers=context_parallel_buffers,
         pipelining_fn=pipeline_llama,
-        # Expert parallelism is not in llama's plan, which Qwen3 reuses: MoE flavors train
-        # under FSDP/HSDP, CP and PP.
-        supported_dims=frozenset({"tp", "cp", "pp"}),
     )
 )
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.models.llama3.args import check_heads_and_layout
-from torchtitan_like.models.moe import MoEArgs
+from torchtitan_like.models.moe import MoEArgs, refuse_block_compile
 from torchtitan_like.models.registry import BaseModelArgs
 
 if TYPE_CHECKING:
@@ -67,6 +67,8 @@ class Qwen3Args(BaseModelArgs):
             raise ConfigError(f"{flavor} is a mixture of experts, whose experts tensor "
                               "parallelism does not split; use [parallelism] "
                               "tensor_parallel_degree = 1 (FSDP/HSDP, CP and PP apply)")
+        if self.moe is not None:
+            refuse_block_compile("qwen3", job_config)
         if (self.moe is not None and job_config.checkpoint.initial_load_in_hf
                 and parallel_dims.fsdp_enabled):
             raise ConfigError(f"{flavor}: HF expert weights are read one tensor per expert, "
@@ -87,6 +89,9 @@ class Qwen3Args(BaseModelArgs):
 
     def _embedding_params(self) -> int:
         return self.vocab_size * self.dim * (1 if self.tie_word_embeddings else 2)
+
+    def num_routed_experts(self) -> int:
+        return 0 if self.moe is None else self.moe.num_experts
 
     def num_params(self) -> int:
         experts = 0 if self.moe is None else self.moe.num_experts

@@ -7,7 +7,9 @@ does; only the norm weights' gradients need all ranks: every rank's heads contri
 ``SequenceParallel(sequence_dim=2)`` says precisely that: the input is sharded on dim 2 (the
 heads of (bs, seq, heads, head_dim)), the weight is a replicated DTensor whose gradient is
 summed over the TP ranks. MoE flavors are refused under TP (args.py); FSDP shards them as any
-block. With no selection bias in Qwen3-MoE there is no optimizer hook to register.
+block, and expert parallelism shards their routed experts (the shared tail of
+distributed/plan_toolkit.py, as for deepseek_v3). With no selection bias in Qwen3-MoE there
+is no optimizer hook to register.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from torch.distributed.tensor.parallel import ParallelStyle, SequenceParallel
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.distributed.parallel_dims import Meshes, ParallelDims
 from torchtitan_like.models.llama3.parallelize import block_tp_plan, parallelize_llama
+from torchtitan_like.models.moe import routed_experts
 from torchtitan_like.models.qwen3.model import Qwen3Model
 
 
@@ -33,4 +36,5 @@ def qwen3_block_tp_plan(block: nn.Module, device_type: str) -> dict[str, Paralle
 def parallelize_qwen3(model: Qwen3Model, parallel_dims: ParallelDims, meshes: Meshes,
                       config: JobConfig) -> Qwen3Model:
     return parallelize_llama(model, parallel_dims, meshes, config,
-                             block_plan=qwen3_block_tp_plan)
+                             block_plan=qwen3_block_tp_plan,
+                             routed_experts=routed_experts(model.layers.values()))
