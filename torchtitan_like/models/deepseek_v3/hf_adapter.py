@@ -16,9 +16,14 @@ import re
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from torchtitan_like.models.deepseek_v3.args import DeepSeekV3Args
+from torchtitan_like.models.moe.hf_experts import (
+    STACKED_TO_HF,
+    collect_expert,
+    split_experts,
+    stack_experts,
+)
 
 _TOP = {
     "tok_embeddings.weight": "model.embed_tokens.weight",
@@ -45,11 +50,11 @@ _BLOCK = {
     "moe.shared_experts.w2.weight": "mlp.shared_experts.down_proj.weight",
     "moe.shared_experts.w3.weight": "mlp.shared_experts.up_proj.weight",
 }
-_EXPERTS = {"moe.experts.w1": "gate_proj", "moe.experts.w2": "down_proj",
-            "moe.experts.w3": "up_proj"}
 _OURS = re.compile(r"layers\.(\d+)\.(.+)")
 _THEIRS = re.compile(r"model\.layers\.(\d+)\.(.+)")
-_THEIR_EXPERT = re.compile(r"mlp\.experts\.(\d+)\.(gate_proj|down_proj|up_proj)\.weight")
+_SHARDED_HINT = ("deepseek_v3 reads HuggingFace weights into a sharded model only through a "
+                 "seed checkpoint: convert them with scripts/convert_hf.py and set "
+                 "initial_load_path to it")
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
@@ -72,14 +77,8 @@ class DeepSeekV3HFAdapter:
             m = _OURS.fullmatch(key)
             if m and m.group(2) in _BLOCK:
                 out[f"model.layers.{m.group(1)}.{_BLOCK[m.group(2)]}"] = value
-            elif m and m.group(2) in _EXPERTS:
-                if isinstance(value, DTensor):
-                    raise ValueError("deepseek_v3 reads HuggingFace weights into a sharded "
-                                     "model only through a seed checkpoint: convert them with "
-                                     "scripts/convert_hf.py and set initial_load_path to it")
-                for j in range(value.shape[0]):
-                    name = f"model.layers.{m.group(1)}.mlp.experts.{j}.{_EXPERTS[m.group(2)]}"
-                    out[f"{name}.weight"] = value[j]
+            elif m and m.group(2) in STACKED_TO_HF:
+                out.update(split_experts(m.group(1), m.group(2), value, _SHARDED_HINT))
             else:
                 raise ValueError(f"no HuggingFace name for parameter {key!r}")
             if m.group(2) == "moe.router.gate.weight" and self.args.moe.load_balance_coeff is None:
@@ -98,15 +97,13 @@ class DeepSeekV3HFAdapter:
                 out[self._from_top[key]] = value
                 continue
             m = _THEIRS.fullmatch(key)
-            if m and (e := _THEIR_EXPERT.fullmatch(m.group(2))):
-                ours = {v: k for k, v in _EXPERTS.items()}[e.group(2)]
-                experts.setdefault(f"layers.{m.group(1)}.{ours}", {})[int(e.group(1))] = value
-            elif m and m.group(2) in self._from_block:
+            if m and collect_expert(m.group(1), m.group(2), value, experts):
+                continue
+            if m and m.group(2) in self._from_block:
                 out[f"layers.{m.group(1)}.{self._from_block[m.group(2)]}"] = value
             elif not (m and m.group(2).startswith("self_attn.rotary_emb")):
                 raise ValueError(f"unknown HuggingFace DeepseekV3 parameter {key!r}")
-        for key, per_expert in experts.items():
-            out[key] = torch.stack([per_expert[j] for j in range(len(per_expert))])
+        out.update(stack_experts(experts))
         if self.args.moe.load_balance_coeff is None:
             self._drop_zero_biases(out)
         return out

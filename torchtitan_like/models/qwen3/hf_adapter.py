@@ -15,9 +15,14 @@ import re
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from torchtitan_like.models.llama3.hf_adapter import _BLOCK, _DTYPE_NAMES, _TOP
+from torchtitan_like.models.moe.hf_experts import (
+    STACKED_TO_HF,
+    collect_expert,
+    split_experts,
+    stack_experts,
+)
 from torchtitan_like.models.qwen3.args import Qwen3Args
 
 _QWEN3_BLOCK = {
@@ -26,11 +31,10 @@ _QWEN3_BLOCK = {
     "attention.k_norm.weight": "self_attn.k_norm.weight",
     "moe.router.gate.weight": "mlp.gate.weight",
 }
-_EXPERTS = {"moe.experts.w1": "gate_proj", "moe.experts.w2": "down_proj",
-            "moe.experts.w3": "up_proj"}
 _OURS = re.compile(r"layers\.(\d+)\.(.+)")
 _THEIRS = re.compile(r"model\.layers\.(\d+)\.(.+)")
-_THEIR_EXPERT = re.compile(r"mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
+_SHARDED_HINT = ("HF expert weights are read and written by whole experts, in one process or "
+                 "unsharded")
 
 
 class Qwen3HFAdapter:
@@ -40,7 +44,6 @@ class Qwen3HFAdapter:
         self.args = args
         self._from_block = {v: k for k, v in _QWEN3_BLOCK.items()}
         self._from_top = {v: k for k, v in _TOP.items()}
-        self._from_experts = {v: k for k, v in _EXPERTS.items()}
 
     def to_hf(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         """Our FQNs -> HF names; stacked expert weights become per-expert views (loading
@@ -52,13 +55,8 @@ class Qwen3HFAdapter:
                 out[_TOP[key]] = value
             elif m and m.group(2) in _QWEN3_BLOCK:
                 out[f"model.layers.{m.group(1)}.{_QWEN3_BLOCK[m.group(2)]}"] = value
-            elif m and m.group(2) in _EXPERTS:
-                if isinstance(value, DTensor):
-                    raise ValueError(f"{key} is sharded; HF expert weights are read and written "
-                                     "by whole experts, in one process or unsharded")
-                for e in range(value.shape[0]):
-                    hf = f"model.layers.{m.group(1)}.mlp.experts.{e}.{_EXPERTS[m.group(2)]}"
-                    out[f"{hf}.weight"] = value[e]
+            elif m and m.group(2) in STACKED_TO_HF:
+                out.update(split_experts(m.group(1), m.group(2), value, _SHARDED_HINT))
             else:
                 raise ValueError(f"no HuggingFace name for parameter {key!r}")
         return out
@@ -75,15 +73,9 @@ class Qwen3HFAdapter:
                 out[self._from_top[key]] = value
             elif m and m.group(2) in self._from_block:
                 out[f"layers.{m.group(1)}.{self._from_block[m.group(2)]}"] = value
-            elif m and (e := _THEIR_EXPERT.fullmatch(m.group(2))):
-                ours = f"layers.{m.group(1)}.{self._from_experts[e.group(2)]}"
-                experts.setdefault(ours, {})[int(e.group(1))] = value
-            else:
+            elif not (m and collect_expert(m.group(1), m.group(2), value, experts)):
                 raise ValueError(f"unknown HuggingFace Qwen3 parameter {key!r}")
-        for ours, per_expert in experts.items():
-            if sorted(per_expert) != list(range(len(per_expert))):
-                raise ValueError(f"{ours}: HF experts {sorted(per_expert)} are not 0..E-1")
-            out[ours] = torch.stack([per_expert[e] for e in range(len(per_expert))])
+        out.update(stack_experts(experts))
         return out
 
     def hf_config(self, dtype: torch.dtype) -> dict[str, Any]:
