@@ -20,15 +20,17 @@ inside an exchange counts as all-to-all time.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from torchtitan_like.tools.bench_runner import (
+    launch_bench,
+    read_spec,
+    report,
+    timed_steps,
+    trainer_on_fixed_batch,
+)
+
 A2A_NAMES = ("all_to_all", "alltoall", "wait_tensor")
 MiB = 2**20
 
@@ -66,24 +68,14 @@ def worker(spec_file: str) -> None:
 
     from torchtitan_like.components.memory import measure_train_step
     from torchtitan_like.distributed.utils import init_distributed
-    from torchtitan_like.train import Trainer
-    from torchtitan_like.validate import parse_args
 
-    spec = json.loads(Path(spec_file).read_text())
+    spec = read_spec(spec_file)
     torch.set_num_threads(1)
     device = init_distributed()
     for name, overrides in spec["cases"].items():
-        trainer = Trainer(parse_args(overrides, dist.get_world_size()), device)
-        data = iter(trainer.dataloader)
-        batches = [next(data) for _ in range(trainer.grad_accumulation_steps)]
-        times = []
-        for i in range(spec["warmup"] + spec["steps"]):
-            dist.barrier()
-            start = time.perf_counter()
-            trainer.train_step(batches)
-            dist.barrier()
-            if i >= spec["warmup"]:
-                times.append(time.perf_counter() - start)
+        trainer, batches = trainer_on_fixed_batch(overrides, device)
+        wall = min(t for t, _ in timed_steps(trainer, batches, steps=spec["steps"],
+                                             warmup=spec["warmup"]))
         memory = measure_train_step(trainer)
         share = torch.tensor(a2a_share(trainer, batches))
         dist.all_reduce(share)
@@ -91,28 +83,10 @@ def worker(spec_file: str) -> None:
         if dist.get_rank() == 0:
             tokens = trainer.grad_accumulation_steps * trainer.config.training.local_batch_size \
                 * trainer.config.training.seq_len * trainer.parallel_dims.dp
-            result = {"tokens_per_s": tokens / min(times), "step_s": min(times),
-                      "a2a_share": share.item() / dist.get_world_size(),
-                      "memory": {k: v / MiB for k, v in memory.items()}}
-            print("BENCH " + json.dumps({name: result}), flush=True)
+            report(name, {"tokens_per_s": tokens / wall, "step_s": wall,
+                          "a2a_share": share.item() / dist.get_world_size(),
+                          "memory": {k: v / MiB for k, v in memory.items()}})
     dist.destroy_process_group()
-
-
-def launch(named: dict[str, list[str]], args: argparse.Namespace) -> dict[str, dict]:
-    spec = {"cases": named, "steps": args.steps, "warmup": args.warmup}
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(spec, f)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "PYTHONPATH": str(ROOT), "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         __file__, "--worker", f.name],
-        env=env, capture_output=True, text=True, cwd=ROOT,
-    )
-    if proc.returncode:
-        sys.exit(f"benchmark launch failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
-    lines = [line[6:] for line in proc.stdout.splitlines() if line.startswith("BENCH ")]
-    return {k: v for line in lines for k, v in json.loads(line).items()}
 
 
 def main() -> None:
@@ -127,7 +101,8 @@ def main() -> None:
     if args.worker:
         return worker(args.worker)
     with tempfile.TemporaryDirectory() as folder:
-        results = launch(cases(args, folder), args)
+        results = launch_bench(__file__, 2, cases(args, folder), steps=args.steps,
+                               warmup=args.warmup)
     print(f"\ndeepseek_v3 {args.flavor}, seq_len {args.seq_len}, {args.local_batch} sequences "
           "per rank, 2 processes (1 thread each), FSDP 2\n")
     print("| layout | tokens/s | step (ms) | all-to-all share of step | peak MiB (rank 0) | "

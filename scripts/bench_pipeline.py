@@ -19,15 +19,16 @@ is the figure least disturbed by other processes on a shared machine.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 import tempfile
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from torchtitan_like.tools.bench_runner import (
+    launch_bench,
+    read_spec,
+    report,
+    timed_steps,
+    trainer_on_fixed_batch,
+)
+
 SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
              "ZBVZeroBubble", "DualPipeV"]
 
@@ -69,58 +70,32 @@ def cases(args: argparse.Namespace, folder: str) -> tuple[list, dict[str, list[s
     return rows, baselines
 
 
-def launch(nproc: int, named: dict[str, list[str]], args: argparse.Namespace
-           ) -> dict[str, list[float]]:
-    """[fastest step seconds, idle fraction] of each case, in one torchrun of ``nproc``."""
-    spec = {"cases": named, "steps": args.steps, "warmup": args.warmup}
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(spec, f)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone",
-         f"--nproc_per_node={nproc}", __file__, "--worker", f.name],
-        env=env, capture_output=True, text=True, cwd=ROOT,
-    )
-    if proc.returncode:
-        sys.exit(f"benchmark launch failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
-    lines = [line[6:] for line in proc.stdout.splitlines() if line.startswith("BENCH ")]
-    return {k: v for line in lines for k, v in json.loads(line).items()}
-
-
 def worker(spec_file: str) -> None:
     """Inside torchrun: build each case's Trainer and time its train_step on a fixed batch."""
     import torch
     import torch.distributed as dist
 
     from torchtitan_like.distributed.utils import init_distributed
-    from torchtitan_like.train import Trainer
-    from torchtitan_like.validate import parse_args
 
-    spec = json.loads(Path(spec_file).read_text())
+    spec = read_spec(spec_file)
     torch.set_num_threads(1)
     device = init_distributed()
     for name, overrides in spec["cases"].items():
-        trainer = Trainer(parse_args(overrides, dist.get_world_size()), device)
-        data = iter(trainer.dataloader)
-        batches = [next(data) for _ in range(trainer.grad_accumulation_steps)]
-        steps = []
-        for i in range(spec["warmup"] + spec["steps"]):
-            dist.barrier()
-            start, cpu = time.perf_counter(), time.process_time()
-            trainer.train_step(batches)
-            busy = time.process_time() - cpu
-            dist.barrier()
-            if i >= spec["warmup"]:
-                steps.append(torch.tensor([time.perf_counter() - start, busy]))
+        trainer, batches = trainer_on_fixed_batch(overrides, device)
+        steps = timed_steps(trainer, batches, steps=spec["steps"], warmup=spec["warmup"])
         trainer.metrics.close()
-        wall, busy = min(steps, key=lambda s: s[0].item())
-        idle = 1 - busy / wall
+        wall, busy = min(steps)
+        idle = torch.tensor(1 - busy / wall)
         dist.all_reduce(idle)
         if dist.get_rank() == 0:
-            result = [wall.item(), idle.item() / dist.get_world_size()]
-            print("BENCH " + json.dumps({name: result}), flush=True)
+            report(name, [wall, idle.item() / dist.get_world_size()])
     dist.destroy_process_group()
+
+
+def launch(nproc: int, named: dict[str, list[str]], args: argparse.Namespace
+           ) -> dict[str, list[float]]:
+    """[fastest step seconds, idle fraction] of each case, in one torchrun of ``nproc``."""
+    return launch_bench(__file__, nproc, named, steps=args.steps, warmup=args.warmup)
 
 
 def main() -> None:

@@ -1,0 +1,73 @@
+"""The machinery the training-step benchmarks under scripts/ share: a benchmark script runs
+itself under torchrun with ``--worker SPEC`` (a JSON file of cases, steps and warmup); each
+worker builds every case's real Trainer, times ``train_step`` on one fixed batch between
+barriers, and prints ``BENCH {json}`` lines that the launching process collects."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+
+def launch_bench(script: str, nproc: int, cases: dict[str, list[str]], *, steps: int,
+                 warmup: int) -> dict[str, Any]:
+    """Run ``script --worker`` in one torchrun of ``nproc`` processes (one thread each) over
+    ``cases`` (name -> trainer overrides); the merged results its rank 0 printed."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump({"cases": cases, "steps": steps, "warmup": warmup}, f)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+           "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         f"--nproc_per_node={nproc}", script, "--worker", f.name],
+        env=env, capture_output=True, text=True,
+    )
+    if proc.returncode:
+        sys.exit(f"benchmark launch failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    lines = [line[6:] for line in proc.stdout.splitlines() if line.startswith("BENCH ")]
+    return {k: v for line in lines for k, v in json.loads(line).items()}
+
+
+def read_spec(spec_file: str) -> dict[str, Any]:
+    with open(spec_file) as f:
+        return json.load(f)
+
+
+def trainer_on_fixed_batch(overrides: list[str], device: Any) -> tuple[Any, list]:
+    """The case's Trainer (inside the worker's process group) and one step's microbatches."""
+    import torch.distributed as dist
+
+    from torchtitan_like.train import Trainer
+    from torchtitan_like.validate import parse_args
+
+    trainer = Trainer(parse_args(overrides, dist.get_world_size()), device)
+    data = iter(trainer.dataloader)
+    return trainer, [next(data) for _ in range(trainer.grad_accumulation_steps)]
+
+
+def timed_steps(trainer: Any, batches: list, *, steps: int,
+                warmup: int) -> list[tuple[float, float]]:
+    """(wall seconds, this process's CPU seconds) of each timed ``train_step``, every step
+    between two barriers so that all ranks time the same step."""
+    import torch.distributed as dist
+
+    times = []
+    for i in range(warmup + steps):
+        dist.barrier()
+        start, cpu = time.perf_counter(), time.process_time()
+        trainer.train_step(batches)
+        busy = time.process_time() - cpu
+        dist.barrier()
+        if i >= warmup:
+            times.append((time.perf_counter() - start, busy))
+    return times
+
+
+def report(name: str, result: Any) -> None:
+    """One case's result, for ``launch_bench`` (print it on rank 0 only)."""
+    print("BENCH " + json.dumps({name: result}), flush=True)
