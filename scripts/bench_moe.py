@@ -25,10 +25,9 @@ import time
 
 from torchtitan_like.tools.bench_runner import (
     launch_bench,
-    read_spec,
     report,
     timed_steps,
-    trainer_on_fixed_batch,
+    worker_cases,
 )
 
 A2A_NAMES = ("all_to_all", "alltoall", "wait_tensor")
@@ -67,13 +66,8 @@ def worker(spec_file: str) -> None:
     import torch.distributed as dist
 
     from torchtitan_like.components.memory import measure_train_step
-    from torchtitan_like.distributed.utils import init_distributed
 
-    spec = read_spec(spec_file)
-    torch.set_num_threads(1)
-    device = init_distributed()
-    for name, overrides in spec["cases"].items():
-        trainer, batches = trainer_on_fixed_batch(overrides, device)
+    for name, trainer, batches, spec in worker_cases(spec_file):
         wall = min(t for t, _ in timed_steps(trainer, batches, steps=spec["steps"],
                                              warmup=spec["warmup"]))
         memory = measure_train_step(trainer)
@@ -86,7 +80,6 @@ def worker(spec_file: str) -> None:
             report(name, {"tokens_per_s": tokens / wall, "step_s": wall,
                           "a2a_share": share.item() / dist.get_world_size(),
                           "memory": {k: v / MiB for k, v in memory.items()}})
-    dist.destroy_process_group()
 
 
 def main() -> None:

@@ -23,10 +23,9 @@ import tempfile
 
 from torchtitan_like.tools.bench_runner import (
     launch_bench,
-    read_spec,
     report,
     timed_steps,
-    trainer_on_fixed_batch,
+    worker_cases,
 )
 
 SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
@@ -75,13 +74,7 @@ def worker(spec_file: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from torchtitan_like.distributed.utils import init_distributed
-
-    spec = read_spec(spec_file)
-    torch.set_num_threads(1)
-    device = init_distributed()
-    for name, overrides in spec["cases"].items():
-        trainer, batches = trainer_on_fixed_batch(overrides, device)
+    for name, trainer, batches, spec in worker_cases(spec_file):
         steps = timed_steps(trainer, batches, steps=spec["steps"], warmup=spec["warmup"])
         trainer.metrics.close()
         wall, busy = min(steps)
@@ -89,7 +82,6 @@ def worker(spec_file: str) -> None:
         dist.all_reduce(idle)
         if dist.get_rank() == 0:
             report(name, [wall, idle.item() / dist.get_world_size()])
-    dist.destroy_process_group()
 
 
 def launch(nproc: int, named: dict[str, list[str]], args: argparse.Namespace

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -33,21 +34,25 @@ def launch_bench(script: str, nproc: int, cases: dict[str, list[str]], *, steps:
     return {k: v for line in lines for k, v in json.loads(line).items()}
 
 
-def read_spec(spec_file: str) -> dict[str, Any]:
-    with open(spec_file) as f:
-        return json.load(f)
-
-
-def trainer_on_fixed_batch(overrides: list[str], device: Any) -> tuple[Any, list]:
-    """The case's Trainer (inside the worker's process group) and one step's microbatches."""
+def worker_cases(spec_file: str) -> Iterator[tuple[str, Any, list, dict[str, Any]]]:
+    """Inside torchrun (one thread per process): (name, Trainer, one step's microbatches,
+    spec) of each case in turn; the process group is destroyed after the last."""
+    import torch
     import torch.distributed as dist
 
+    from torchtitan_like.distributed.utils import init_distributed
     from torchtitan_like.train import Trainer
     from torchtitan_like.validate import parse_args
 
-    trainer = Trainer(parse_args(overrides, dist.get_world_size()), device)
-    data = iter(trainer.dataloader)
-    return trainer, [next(data) for _ in range(trainer.grad_accumulation_steps)]
+    with open(spec_file) as f:
+        spec = json.load(f)
+    torch.set_num_threads(1)
+    device = init_distributed()
+    for name, overrides in spec["cases"].items():
+        trainer = Trainer(parse_args(overrides, dist.get_world_size()), device)
+        data = iter(trainer.dataloader)
+        yield name, trainer, [next(data) for _ in range(trainer.grad_accumulation_steps)], spec
+    dist.destroy_process_group()
 
 
 def timed_steps(trainer: Any, batches: list, *, steps: int,
