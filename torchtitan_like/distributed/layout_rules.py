@@ -89,6 +89,16 @@ def check_context_parallel(cp: int, tp: int, seq_len: int, load_balancer: str) -
              f"= {tp}; choose seq_len divisible by {cp} x {tp} (and by {chunks})")
 
 
+def check_attention_mask(cp: int, attn_mask_type: str) -> None:
+    """Context parallelism swaps attention for ring attention, which knows causal masking only
+    (no per-document mask over a sequence split across ranks)."""
+    _require(cp == 1 or attn_mask_type == "causal",
+             f"[model] attn_mask_type = {attn_mask_type!r} cannot run under [parallelism] "
+             f"context_parallel_degree = {cp}: context parallelism runs ring attention, which "
+             "masks causally only; set context_parallel_degree = 1 or attn_mask_type = "
+             "\"causal\"")
+
+
 # --------------------------------------------------------------------- pipeline parallel
 
 
