@@ -4,6 +4,7 @@ own checks and their validation against the job run on the result; every caller 
 model_spec_and_args sees them."""
 
 import dataclasses
+import json
 
 import pytest
 
@@ -11,6 +12,7 @@ from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.manager import to_toml
 from torchtitan_like.models.qwen3 import qwen3_flavors
 from torchtitan_like.models.registry import apply_overrides, model_spec_and_args
+from torchtitan_like.tools.plan_cli import main as plan_main
 from torchtitan_like.tools.planner import from_job_config
 from torchtitan_like.validate import parse_args
 
@@ -82,6 +84,18 @@ def test_bad_nested_overrides_are_refused_at_start_up(override, error):
         parse_args([*QWEN3_MOE, override], 1)
 
 
+def test_none_switches_an_optional_field_off():
+    args = args_of_moe(["--model.overrides.moe.load_balance_coeff=none"])
+    assert args.moe.load_balance_coeff is None and args.moe.num_experts == 8
+    assert args_of_moe(["--model.overrides.moe=None"]).moe is None  # qwen3 turned dense
+    with pytest.raises(ConfigError, match=r"overrides.n_layers: got 'none', expected int"):
+        args_of_moe(["--model.overrides.n_layers=none"])
+
+
+def args_of_moe(argv):
+    return model_spec_and_args(parse_args([*QWEN3_MOE, *argv], 1))[1]
+
+
 def test_a_nested_field_that_the_flavor_lacks_is_refused():
     with pytest.raises(ConfigError, match=r"overrides.moe is None in this flavor"):
         parse_args(["--model.name=qwen3", "--model.flavor=debugmodel",
@@ -93,6 +107,16 @@ def test_the_job_is_validated_against_the_overridden_args():
     parse_args([*QWEN3_MOE, *ep2], 2)
     with pytest.raises(ConfigError, match=r"expert_parallel_degree = 2 .*3"):
         parse_args([*QWEN3_MOE, *ep2, "--model.overrides.moe.num_experts=3"], 2)
+
+
+def test_ttl_plan_reads_nested_overrides_from_a_config(tmp_path, capsys):
+    params = []
+    for table in ("", "[model.overrides]\nmoe = { num_experts = 16 }\n"):
+        toml = tmp_path / "plan.toml"
+        toml.write_text(f'[model]\nname = "qwen3"\nflavor = "debugmodel_moe"\n{table}')
+        assert plan_main(["--config", str(toml), "--num_gpus", "2", "--json"]) == 0
+        params.append(json.loads(capsys.readouterr().out)["memory_gib"]["parameters"])
+    assert params[1] > params[0]
 
 
 def test_the_planner_sees_a_nested_override():

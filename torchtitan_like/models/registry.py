@@ -197,29 +197,10 @@ def _replace_fields(args: Any, overrides: Mapping[tuple[str, ...], Any],
         by_field.setdefault(path[0], {})[path[1:]] = value
     values = {}
     for name, rest in by_field.items():
-        here = f"{where}.{name}"
         if name not in names:
-            raise ConfigError(f"[model] {here}: {type(args).__name__} has no field {name!r}"
-                              + did_you_mean(name, names))
-        current = getattr(args, name)
-        if dataclasses.is_dataclass(current):
-            if () in rest:
-                example = dataclasses.fields(current)[0].name
-                raise ConfigError(f"[model] {here} is a group of fields ({type(current).__name__})"
-                                  f": set them one by one, e.g. --model.{here}.{example}=...")
-            values[name] = _replace_fields(current, rest, here)
-            continue
-        tp = _overridable_type(hints[name])
-        if set(rest) != {()}:
-            what = ("None in this flavor, and an override cannot create it; choose a flavor "
-                    "that has one" if current is None else
-                    f"a {type_name(tp) if tp else hints[name]}, not a group of fields")
-            raise ConfigError(f"[model] {here} is {what}")
-        if tp is None:
-            raise ConfigError(f"[model] {here}: field of type {hints[name]} cannot be overridden "
-                              "(only numbers, booleans and strings); register a flavor instead")
-        value = rest[()]
-        values[name] = coerce(value, tp, f"[model] {here}", from_cli=isinstance(value, str))
+            raise ConfigError(f"[model] {where}.{name}: {type(args).__name__} has no field "
+                              f"{name!r}" + did_you_mean(name, names))
+        values[name] = _new_value(getattr(args, name), hints[name], rest, f"{where}.{name}")
     try:
         return dataclasses.replace(args, **values)
     except ConfigError:
@@ -228,11 +209,38 @@ def _replace_fields(args: Any, overrides: Mapping[tuple[str, ...], Any],
         raise ConfigError(f"[model] {where}: {e}") from e
 
 
+def _new_value(current: Any, hint: Any, rest: Mapping[tuple[str, ...], Any], where: str) -> Any:
+    """One field's overridden value: ``rest`` maps the paths below the field (``()`` = the
+    field itself) to values. ``"none"`` sets a field typed ``X | None`` to None (TOML has no
+    null), e.g. ``moe.load_balance_coeff = "none"`` turns bias balancing off."""
+    value = rest.get(())
+    if (len(rest) == 1 and type(None) in typing.get_args(hint) and isinstance(value, str)
+            and value.strip().lower() == "none"):
+        return None
+    if dataclasses.is_dataclass(current):
+        if () in rest:
+            example = dataclasses.fields(current)[0].name
+            raise ConfigError(f"[model] {where} is a group of fields ({type(current).__name__})"
+                              f": set them one by one, e.g. --model.{where}.{example}=...")
+        return _replace_fields(current, rest, where)
+    tp = _overridable_type(hint)
+    if set(rest) != {()}:
+        what = ("None in this flavor, and an override cannot create it; choose a flavor "
+                "that has one" if current is None else
+                f"a {type_name(tp) if tp else hint}, not a group of fields")
+        raise ConfigError(f"[model] {where} is {what}")
+    if tp is None:
+        raise ConfigError(f"[model] {where}: field of type {hint} cannot be overridden "
+                          "(only numbers, booleans and strings); register a flavor instead")
+    return coerce(value, tp, f"[model] {where}", from_cli=isinstance(value, str))
+
+
 def apply_overrides(args: BaseModelArgs, overrides: Mapping[str, Any]) -> BaseModelArgs:
     """``args`` with the fields named in ``[model] overrides`` replaced, nested dataclass fields
     included (``{ moe = { num_experts = 8 } }``, ``--model.overrides.moe.num_experts=8``), each
-    type-checked; ConfigError for an unknown name (closest match suggested), a collection
-    field, or values the args' own checks refuse."""
+    type-checked (``"none"`` for None where the field allows it); ConfigError for an unknown
+    name (closest match suggested), a collection field, or values the args' own checks
+    refuse."""
     return _replace_fields(args, _paths(overrides), "overrides")
 
 
