@@ -26,6 +26,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed.pipeline import module_fqns_per_stage, prune_to_stage
 from torchtitan_like.distributed.plan_toolkit import apply_block_tail, attention_plan, swiglu_plan
 from torchtitan_like.models import BaseModelArgs, ModelSpec, register_model
@@ -42,6 +43,11 @@ class TinyGPTArgs(BaseModelArgs):
 
     def update_from_config(self, job_config) -> None:
         self.max_seq_len = job_config.training.seq_len
+
+    def validate(self, job_config, parallel_dims) -> None:
+        if self.n_heads % parallel_dims.tp:  # the TP plan gives every rank whole heads
+            raise ConfigError(f"[parallelism] tensor_parallel_degree = {parallel_dims.tp} must "
+                              f"divide tiny_gpt's n_heads = {self.n_heads}")
 
     def num_params(self) -> int:
         d = self.dim

@@ -8,7 +8,7 @@ in tests/parallel/test_model_hooks.py (fp32, deterministic kernels, sums reorder
 under TP the matmuls split over ranks sum their halves in another order and every TP rank
 computes the z-loss from the same gathered logits, so the same class of bound holds. CP is not
 implemented by this model: it declares so (ModelSpec.supported_dims), and the job is refused
-before any process group exists.
+before any process group exists, as is a TP degree that does not divide the heads.
 """
 
 import shutil
@@ -68,11 +68,16 @@ def test_each_layout_matches_one_process(runs, case):
         assert_close(ratios, [1.0] * 5, TOL)
 
 
-def test_context_parallel_is_refused_before_process_groups(fork):
+@pytest.mark.parametrize(("extra", "error"), [
+    (["--parallelism.context_parallel_degree=2"],
+     r"model 'tiny_gpt' supports only data parallelism and \[pp, tp\]"),
+    (["--parallelism.tensor_parallel_degree=2", "--model.overrides.n_heads=3",
+      "--model.overrides.dim=96"], r"tensor_parallel_degree = 2 must divide .* n_heads = 3"),
+])
+def test_what_the_plan_cannot_do_is_refused_before_process_groups(fork, extra, error):
     # the checkout's file, in this process: a second file registering "tiny_gpt" here would
     # clash with it in the registry (the launches above imported the copy in their processes)
     example = ["--job.custom_import", str(ROOT / "examples/custom_model/tiny_gpt.py"),
                *fork[2:]]
-    with pytest.raises(ConfigError, match=r"model 'tiny_gpt' supports only data parallelism "
-                       r"and \[pp, tp\]"):
-        parse_args([*example, "--parallelism.context_parallel_degree=2"], 2)
+    with pytest.raises(ConfigError, match=error):
+        parse_args([*example, *extra], 2)
