@@ -24,8 +24,9 @@ every-N checkpoints every N-th block of each pipeline stage.
 An MoE block (tools/planner/moe.py) keeps the same tensors with f the width of the experts one
 token runs (top_k routed + shared), plus 2 top_k h/t: the token copies the dispatch builds
 (sorted by expert, kept for the experts' weight gradients) and the k expert outputs kept for
-the weighted combine, over the share of blocks that are MoE blocks. Not yet validated against
-measurement (scripts/validate_plan_memory.py has dense cases only).
+the weighted combine, over the share of blocks that are MoE blocks. Measured (scripts/
+validate_plan_memory.py --moe): 14-21% low without AC, from what is not counted: Qwen3's
+per-head q/k norms and the latent tensors of DeepSeek's multi-head latent attention.
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, *, ac: str = "none",
     return sbh * (10 + (24 + scores) / tp)
 
 
+def routed_elements(m: ModelShape, tp: int) -> float:
+    """An average block's MoE tensors per token on one TP rank: the dispatched copies and the
+    expert outputs, top_k x dim each, over the share of blocks that are MoE blocks."""
+    return 2 * m.top_k * m.dim / tp * m.moe_share
+
+
 def layer_elements(m: ModelShape, ac: str, tp: int, fused_norm: bool) -> float:
     """Activation elements one block keeps per token of its input (see the module docstring);
     under op-level checkpointing: the block input, every matmul, attention and collective
@@ -57,7 +64,7 @@ def layer_elements(m: ModelShape, ac: str, tp: int, fused_norm: bool) -> float:
     h, q, kv, f, t = m.dim, m.q_dim, m.kv_heads * m.head_dim, m.ffn_hidden_dim, tp
     if ac == "full" or ac.isdigit():  # the checkpointed block keeps its input
         return h / t
-    routed = 2 * m.top_k * h / t * m.moe_share  # dispatched copies, expert outputs (MoE)
+    routed = routed_elements(m, t)
     if ac == "op":
         gathered = 2 * h if t > 1 else 0  # all-gather outputs (SP) are saved collectives
         partial_sums = 2 * h if t > 1 else 0  # wo/w2 outputs before their reduce-scatter

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from torchtitan_like.tools.planner.activations import layer_elements
+from torchtitan_like.tools.planner.activations import layer_elements, routed_elements
 from torchtitan_like.tools.planner.communication import Comm
 from torchtitan_like.tools.planner.inputs import Cluster, Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.schedule import (
@@ -102,12 +102,7 @@ def _elementwise_elements(m: ModelShape, tp: int, fused_norm: bool) -> float:
     (NCCL writes them; the norms before them produce h/tp) and the routed copies of an MoE
     block (timed apart: ``ROUTED_PASSES``)."""
     gathered = 2 * (m.dim - m.dim / tp)
-    return layer_elements(m, "none", tp, fused_norm) - gathered - _routed_elements(m, tp)
-
-
-def _routed_elements(m: ModelShape, tp: int) -> float:
-    """An average block's routed token copies per token on one TP rank (activations.py)."""
-    return 2 * m.top_k * m.dim / tp * m.moe_share
+    return layer_elements(m, "none", tp, fused_norm) - gathered - routed_elements(m, tp)
 
 
 def compute_times(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout
@@ -129,10 +124,10 @@ def compute_times(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
     gemm *= imbalance
     attention = tokens * attention_model / 2 / (gpu.peak_tflops * 1e12 * ATTENTION_EFFICIENCY)
     passes = MEMORY_BOUND_PASSES["compiled" if layout.compile else "eager"]
-    elements = (_elementwise_elements(m, layout.tp, gpu.fused_rms_norm) * passes
-                + _routed_elements(m, layout.tp) / 2 * ROUTED_PASSES) * m.n_layers / layout.pp
+    crossings = (_elementwise_elements(m, layout.tp, gpu.fused_rms_norm) * passes
+                 + routed_elements(m, layout.tp) / 2 * ROUTED_PASSES) * m.n_layers / layout.pp
     attention *= imbalance
-    memory_bound = local_tokens * elements * work.precision.compute_bytes \
+    memory_bound = local_tokens * crossings * work.precision.compute_bytes \
         / (gpu.hbm_tbps * 1e12) * imbalance
     share = sum(checkpointed(layout.ac, m.n_layers)) / m.n_layers
     block_gemm = gemm * (1 - head_flops / gemm_flops)  # (the head is on one stage: approx.)
