@@ -18,9 +18,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from torchtitan_like.models.attention import causal_attention
 from torchtitan_like.models.deepseek_v3.args import DeepSeekV3Args, YarnScaling
 from torchtitan_like.models.llama3.model import FeedForward
 from torchtitan_like.models.moe import MoE
@@ -105,9 +105,8 @@ class MultiHeadLatentAttention(nn.Module):
         q = torch.cat([q_nope, apply_rope(q_rope, rope)], dim=-1)
         k_rope = apply_rope(k_rope.unsqueeze(2), rope).expand(-1, -1, k_nope.shape[2], -1)
         k = torch.cat([k_nope, k_rope], dim=-1)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                             v.transpose(1, 2), is_causal=True,
-                                             scale=self.softmax_scale)
+        out = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                               scale=self.softmax_scale)
         return self.wo(out.transpose(1, 2).reshape(bs, seq_len, -1))
 
     def init_weights(self, init_std: float) -> None:

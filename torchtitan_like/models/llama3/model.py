@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torchtitan_like.models.attention import causal_attention
 from torchtitan_like.models.llama3.args import Llama3Args, RopeScaling
 
 
@@ -69,9 +70,7 @@ class Attention(nn.Module):
         v = self.wv(x).view(bs, seq_len, -1, self.head_dim)
         k = k.repeat_interleave(self.n_rep, dim=2)
         v = v.repeat_interleave(self.n_rep, dim=2)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-        )
+        out = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self.wo(out.transpose(1, 2).reshape(bs, seq_len, -1))
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, rope: torch.Tensor
