@@ -16,7 +16,8 @@ PUBLISHED = {
     "70B": 70_553_706_496,
     "405B": 405_853_388_800,
 }
-FFN_HIDDEN = {"debugmodel": 768, "100M": 2048, "1B": 8192, "3B": 8192, "8B": 14336, "70B": 28672, "405B": 53248}
+FFN_HIDDEN = {"debugmodel": 768, "100M": 2048, "1B": 8192, "3B": 8192, "8B": 14336, "70B": 28672,
+              "405B": 53248}
 
 
 @pytest.mark.parametrize("flavor", list(PUBLISHED))
