@@ -30,10 +30,10 @@ import functools
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask
 
 from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.models.attention import sdpa
 
 if TYPE_CHECKING:
     from torchtitan_like.models.registry import ModelSpec
@@ -106,10 +106,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Attention
     """Scaled dot-product attention of (batch, heads, seq, dim) queries, keys and values (as
     many key as query heads) under ``mask`` (``build_mask``); ``scale`` None = dim^-0.5."""
     if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        return sdpa(q, k, v, is_causal=True, scale=scale)
     if isinstance(mask, BlockMask):
         return _compiled_flex_attention()(q, k, v, block_mask=mask, scale=scale)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return sdpa(q, k, v, attn_mask=mask, scale=scale)
 
 
 def check_attn_mask_type(spec: ModelSpec, attn_mask_type: str) -> None:
