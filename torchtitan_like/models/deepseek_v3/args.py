@@ -89,9 +89,6 @@ class DeepSeekV3Args(BaseModelArgs):
 
             llama_fqns_per_stage(self, job_config)
         refuse_block_compile("deepseek_v3", job_config)
-        if parallel_dims.cp > 1:
-            raise ConfigError(f"{flavor}: the deepseek_v3 plan does not support context "
-                              "parallelism yet; set [parallelism] context_parallel_degree = 1")
         # MLA splits by heads (queries, keys and values alike), as llama's attention
         check_tensor_parallel_shapes(parallel_dims.tp, self.n_heads, self.n_heads,
                                      self.vocab_size, flavor)
