@@ -76,20 +76,22 @@ def validate_expert_layout(dims: ParallelDims, num_experts: int) -> None:
 
 
 def _check_experts_under_tp(dims: ParallelDims) -> None:
-    """Under TP (EP = 1) the experts split over the TP ranks like the dense feed-forward
-    (distributed/local_tp.py): ETP = TP. What is not built is refused."""
+    """Under TP the experts split over the TP ranks like the dense feed-forward (ETP = TP,
+    distributed/local_tp.py), with EP on top over dp_shard x cp ranks. What is not built is
+    refused."""
     tp = f"tensor_parallel_degree = {dims.tp}"
-    if dims.ep > 1:
-        raise ConfigError(
-            f"[parallelism] expert_parallel_degree = {dims.ep} together with {tp} is not "
-            "implemented yet; use TP with expert_parallel_degree = 1 (the experts then split "
-            "over the TP ranks), or EP without TP"
-        )
     if dims.etp == 1:
         raise ConfigError(
             f"[parallelism] expert_tensor_parallel_degree = 1 with {tp}: experts replicated "
             f"over the TP ranks are not implemented; set expert_tensor_parallel_degree = "
             f"{dims.tp} (every expert split over the TP ranks like the dense feed-forward)"
+        )
+    if dims.ep > 1 and efsdp_degree(dims) * dims.dp_replicate > 1:
+        raise ConfigError(
+            f"[parallelism] expert_parallel_degree = {dims.ep} with {tp}: FSDP of the expert "
+            f"weights over the {efsdp_degree(dims) * dims.dp_replicate} ranks that would share "
+            "them is not tested yet with TP; set expert_parallel_degree = data_parallel_shard "
+            "x context_parallel degree (no data_parallel_replicate), or use EP without TP"
         )
 
 

@@ -51,6 +51,8 @@ from torch.distributed.tensor import (
 )
 from torch.distributed.tensor.parallel import ParallelStyle
 
+from torchtitan_like.distributed.expert_parallel import EXPERT_HIDDEN_DIMS
+
 
 class LocalTensorParallel(ParallelStyle):
     """Run ``module`` on plain tensors inside one TP region (module docstring).
@@ -61,50 +63,57 @@ class LocalTensorParallel(ParallelStyle):
     is the local Shard(1) tensor.
     """
 
-    def __init__(self, sharded: Mapping[str, int]):
+    def __init__(self, sharded: Mapping[str, int], elsewhere: tuple[str, ...] = ()):
         super().__init__()
         self.sharded = dict(sharded)
+        self.elsewhere = elsewhere
 
-    def _distribute(self, prefix: str, owner: nn.Module, mesh: DeviceMesh) -> None:
-        for leaf, param in list(owner.named_parameters(recurse=False)):
-            name = f"{prefix}.{leaf}" if prefix else leaf
-            placement: Placement = (Shard(self.sharded[name]) if name in self.sharded
-                                    else Replicate())
-            owner.register_parameter(leaf, nn.Parameter(
-                distribute_tensor(param, mesh, [placement]), requires_grad=param.requires_grad))
+    def _owned(self, module: nn.Module) -> list[tuple[nn.Module, str, str]]:
+        """(owner module, parameter name in it, name in ``module``) of every parameter of the
+        region, but those under an ``elsewhere`` prefix (e.g. routed experts that expert
+        parallelism shards on its own mesh)."""
+        return [(owner, leaf, f"{prefix}.{leaf}" if prefix else leaf)
+                for prefix, owner in module.named_modules()
+                if not any(f"{prefix}.".startswith(f"{skip}.") for skip in self.elsewhere)
+                for leaf, _ in owner.named_parameters(recurse=False)]
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        unknown = set(self.sharded) - {name for name, _ in module.named_parameters()}
+        owned = self._owned(module)
+        unknown = set(self.sharded) - {name for _, _, name in owned}
         if unknown:
             raise ValueError(f"LocalTensorParallel: no parameter(s) {sorted(unknown)} in "
                              f"{type(module).__name__}")
-        for prefix, owner in module.named_modules():
-            self._distribute(prefix, owner, device_mesh)
-        mesh = device_mesh
-        module.register_forward_pre_hook(lambda m, args: _enter(m, args, mesh))
-        module.register_forward_hook(lambda m, _args, out: _leave(m, out, mesh))
+        for owner, leaf, name in owned:
+            param = owner.get_parameter(leaf)
+            placement: Placement = (Shard(self.sharded[name]) if name in self.sharded
+                                    else Replicate())
+            owner.register_parameter(leaf, nn.Parameter(
+                distribute_tensor(param, device_mesh, [placement]),
+                requires_grad=param.requires_grad))
+        slots = [(owner, leaf) for owner, leaf, _ in owned]
+        module.register_forward_pre_hook(lambda m, args: _enter(m, args, device_mesh, slots))
+        module.register_forward_hook(lambda m, _args, out: _leave(m, out, device_mesh))
         return module
 
 
-def _enter(module: nn.Module, args: tuple, mesh: DeviceMesh) -> tuple:
+def _enter(module: nn.Module, args: tuple, mesh: DeviceMesh,
+           slots: list[tuple[nn.Module, str]]) -> tuple:
     """All-gather the sequence (its local gradient is a partial sum: reduce-scattered) and
-    swap in the parameters' local views."""
+    swap in the local views of the region's parameters (``slots``: owner, name)."""
     x, *rest = args
     if not isinstance(x, DTensor):
         x = DTensor.from_local(x, mesh, [Shard(1)], run_check=False)
     full = x.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial()])
-    module._local_tp_saved = [(m, dict(m._parameters)) for m in module.modules()]
-    for owner, params in module._local_tp_saved:
-        for name, param in params.items():
-            if isinstance(param, DTensor):
-                owner._parameters[name] = _local_view(param)
+    module._local_tp_saved = [(owner, leaf, owner._parameters[leaf]) for owner, leaf in slots]
+    for owner, leaf, param in module._local_tp_saved:
+        owner._parameters[leaf] = _local_view(param)
     return (full, *rest)
 
 
 def _leave(module: nn.Module, output: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     """Put the parameters back; reduce-scatter the partial sums to sequence shards."""
-    for owner, params in module._local_tp_saved:
-        owner._parameters.update(params)
+    for owner, leaf, param in module._local_tp_saved:
+        owner._parameters[leaf] = param
     del module._local_tp_saved
     partial = DTensor.from_local(output, mesh, [Partial()], run_check=False)
     return partial.redistribute(mesh, [Shard(1)]).to_local()
@@ -118,7 +127,7 @@ def _local_view(param: DTensor) -> torch.Tensor:
     return param.to_local()
 
 
-MOE_SHARDED = {"experts.w1": 1, "experts.w3": 1, "experts.w2": 2,
+MOE_SHARDED = {**{f"experts.{w}": dim for w, dim in EXPERT_HIDDEN_DIMS.items()},
                "shared_experts.w1.weight": 0, "shared_experts.w3.weight": 0,
                "shared_experts.w2.weight": 1}
 """A MoE layer (models/moe/) with its experts split over TP (ETP = TP): every expert's hidden
@@ -127,8 +136,15 @@ experts' SwiGLU the same way; the router's gate is replicated (every rank routes
 identically, so the token sort and the load counts equal one process's)."""
 
 
-def moe_tp_plan(block: nn.Module, name: str = "moe") -> dict[str, ParallelStyle]:
-    """TP plan entry for the MoE layer ``block.<name>`` (experts split as ``MOE_SHARDED``)."""
+def moe_tp_plan(block: nn.Module, name: str = "moe",
+                expert_parallel: bool = False) -> dict[str, ParallelStyle]:
+    """TP plan entry for the MoE layer ``block.<name>`` (experts split as ``MOE_SHARDED``).
+    Under expert parallelism the routed experts are left to it: it splits them over its
+    ``(ep, etp)`` mesh (distributed/expert_parallel.py) and they still compute inside this
+    region, each TP rank its hidden slice."""
     moe = block.get_submodule(name)
-    present = {p for p, _ in moe.named_parameters()}
-    return {name: LocalTensorParallel({p: d for p, d in MOE_SHARDED.items() if p in present})}
+    elsewhere = ("experts",) if expert_parallel else ()
+    present = {p for p, _ in moe.named_parameters()
+               if not (expert_parallel and p.startswith("experts."))}
+    return {name: LocalTensorParallel({p: d for p, d in MOE_SHARDED.items() if p in present},
+                                      elsewhere)}

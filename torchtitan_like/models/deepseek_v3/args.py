@@ -92,7 +92,8 @@ class DeepSeekV3Args(BaseModelArgs):
         # MLA splits by heads (queries, keys and values alike), as llama's attention
         check_tensor_parallel_shapes(parallel_dims.tp, self.n_heads, self.n_heads,
                                      self.vocab_size, flavor)
-        check_moe_tensor_parallel(parallel_dims.tp, self.moe.aux_loss_coeff, flavor)
+        check_moe_tensor_parallel(parallel_dims.tp, self.moe.aux_loss_coeff,
+                                  job_config.float8.enable, flavor)
 
     def _attention_params(self) -> int:
         d, h = self.dim, self.n_heads

@@ -25,6 +25,8 @@ all-gather in and one reduce-scatter out:
 
 from __future__ import annotations
 
+from functools import partial
+
 from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle, SequenceParallel
 
@@ -43,11 +45,13 @@ MLA_SHARDED = {"wq.weight": 0, "wq_b.weight": 0, "wkv_b.weight": 0, "wo.weight":
 the rest (wq_a, q_norm, wkv_a, kv_norm) is replicated."""
 
 
-def block_tp_plan(block: nn.Module, device_type: str) -> dict[str, ParallelStyle]:
+def block_tp_plan(block: nn.Module, device_type: str, expert_parallel: bool = False
+                  ) -> dict[str, ParallelStyle]:
     """One block: sequence parallel norms, MLA as a local TP region, then the dense SwiGLU
-    pair or the MoE region."""
+    pair or the MoE region (its routed experts left to expert parallelism when it is on)."""
     present = {name for name, _ in block.attention.named_parameters()}
-    ffn = moe_tp_plan(block) if block.moe_enabled else swiglu_plan(block, device_type)
+    ffn = (moe_tp_plan(block, expert_parallel=expert_parallel) if block.moe_enabled
+           else swiglu_plan(block, device_type))
     return {
         "attention_norm": SequenceParallel(),
         "attention": LocalTensorParallel({p: d for p, d in MLA_SHARDED.items() if p in present}),
@@ -63,7 +67,7 @@ def parallelize_deepseek_v3(
     under EP each experts module first gets its own unit over the expert-FSDP mesh)."""
     if parallel_dims.tp_enabled:
         apply_tp(model, meshes.tp, loss_parallel=parallel_dims.loss_parallel_enabled,
-                 block_plan=block_tp_plan)
+                 block_plan=partial(block_tp_plan, expert_parallel=parallel_dims.ep_enabled))
         maybe_enable_async_tp(config.parallelism.enable_async_tensor_parallel, meshes.tp)
     apply_block_tail(model, model.layers, parallel_dims, meshes, config,
                      before=[[model.tok_embeddings]], after=[[model.norm, model.output]],

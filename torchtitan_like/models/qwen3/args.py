@@ -65,7 +65,8 @@ class Qwen3Args(BaseModelArgs):
             raise ConfigError(f"{flavor}: head_dim {self.head_dim} must be even (RoPE rotates "
                               "pairs)")
         if self.moe is not None:
-            check_moe_tensor_parallel(parallel_dims.tp, self.moe.aux_loss_coeff, flavor)
+            check_moe_tensor_parallel(parallel_dims.tp, self.moe.aux_loss_coeff,
+                                      job_config.float8.enable, flavor)
             refuse_block_compile("qwen3", job_config)
         if (self.moe is not None and job_config.checkpoint.initial_load_in_hf
                 and parallel_dims.fsdp_enabled):

@@ -15,6 +15,8 @@ Qwen3-MoE there is no optimizer hook to register.
 
 from __future__ import annotations
 
+from functools import partial
+
 from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle, SequenceParallel
 
@@ -27,13 +29,15 @@ from torchtitan_like.models.moe import routed_experts
 from torchtitan_like.models.qwen3.model import Qwen3Model
 
 
-def qwen3_block_tp_plan(block: nn.Module, device_type: str) -> dict[str, ParallelStyle]:
+def qwen3_block_tp_plan(block: nn.Module, device_type: str, expert_parallel: bool = False
+                        ) -> dict[str, ParallelStyle]:
     """Llama's block plan plus head-sharded q/k norms (local tensors out, as RoPE expects); a
     MoE block's ``moe`` runs as one local TP region with its experts split over TP
     (distributed/local_tp.py) where llama's block has its SwiGLU pair."""
     if block.moe_enabled:
         plan = {"attention_norm": SequenceParallel(), **attention_plan(block, device_type),
-                "ffn_norm": SequenceParallel(), **moe_tp_plan(block)}
+                "ffn_norm": SequenceParallel(),
+                **moe_tp_plan(block, expert_parallel=expert_parallel)}
     else:
         plan = block_tp_plan(block, device_type)
     return {
@@ -46,5 +50,6 @@ def qwen3_block_tp_plan(block: nn.Module, device_type: str) -> dict[str, Paralle
 def parallelize_qwen3(model: Qwen3Model, parallel_dims: ParallelDims, meshes: Meshes,
                       config: JobConfig) -> Qwen3Model:
     return parallelize_llama(model, parallel_dims, meshes, config,
-                             block_plan=qwen3_block_tp_plan,
+                             block_plan=partial(qwen3_block_tp_plan,
+                                                expert_parallel=parallel_dims.ep_enabled),
                              routed_experts=routed_experts(model.layers.values()))
