@@ -27,9 +27,10 @@ a replicated path straight to the output would be counted tp times (true of MLA 
 layer, whose routed and shared experts both end in row-wise w2; a loss term added inside the
 region is refused for the same reason, see ``check_moe_tensor_parallel``).
 
-The swap: before the module's forward, every parameter in ``module._parameters`` (recursively)
-is replaced by its local view (``to_local()`` for a sharded one; for a replicated one a view
-whose backward all-reduces), and put back after it. FSDP's unsharded parameters are DTensors on
+The swap: before the module's forward, each of the region's parameters is replaced in its
+owner's ``_parameters`` by its local view (``to_local()`` for a sharded one; for a replicated
+one a view whose backward all-reduces), and put back after it. Parameters another style owns
+(routed experts under expert parallelism) are left alone. FSDP's unsharded parameters are DTensors on
 the TP mesh, so the swap composes with FSDP, and with activation checkpointing (a recomputed
 forward swaps again).
 """
