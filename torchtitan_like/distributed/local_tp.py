@@ -30,9 +30,9 @@ region is refused for the same reason, see ``check_moe_tensor_parallel``).
 The swap: before the module's forward, each of the region's parameters is replaced in its
 owner's ``_parameters`` by its local view (``to_local()`` for a sharded one; for a replicated
 one a view whose backward all-reduces), and put back after it. Parameters another style owns
-(routed experts under expert parallelism) are left alone. FSDP's unsharded parameters are DTensors on
-the TP mesh, so the swap composes with FSDP, and with activation checkpointing (a recomputed
-forward swaps again).
+(routed experts under expert parallelism) are left alone. FSDP's unsharded parameters are
+DTensors on the TP mesh, so the swap composes with FSDP, and with activation checkpointing (a
+recomputed forward swaps again).
 """
 
 from __future__ import annotations

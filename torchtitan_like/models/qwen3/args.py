@@ -69,11 +69,11 @@ class Qwen3Args(BaseModelArgs):
                                       job_config.float8.enable, flavor)
             refuse_block_compile("qwen3", job_config)
         if (self.moe is not None and job_config.checkpoint.initial_load_in_hf
-                and parallel_dims.fsdp_enabled):
+                and (parallel_dims.fsdp_enabled or parallel_dims.tp > 1)):
             raise ConfigError(f"{flavor}: HF expert weights are read one tensor per expert, "
-                              "into unsharded stacks; with FSDP/HSDP/CP convert the folder to "
-                              "a seed checkpoint first (scripts/convert_hf.py from_hf) and set "
-                              "initial_load_path to it with initial_load_in_hf = false")
+                              "into unsharded stacks; with FSDP/HSDP/CP/TP convert the folder "
+                              "to a seed checkpoint first (scripts/convert_hf.py from_hf) and "
+                              "set initial_load_path to it with initial_load_in_hf = false")
         check_heads_and_layout(self, job_config, parallel_dims)
 
     def _block_params(self, experts: int) -> int:
