@@ -70,6 +70,22 @@ def check_tensor_parallel_shapes(tp: int, n_heads: int, kv_heads: int, vocab_siz
              "and the output head are split by vocabulary rows); choose a degree that divides it")
 
 
+def check_moe_tensor_parallel(tp: int, aux_loss_coeff: float, float8: bool, where: str) -> None:
+    """Under TP a MoE layer is one TP region whose ranks each hold a partial sum of its output
+    (distributed/local_tp.py); a loss term computed inside it from replicated routing scores
+    would get its gradient once per TP rank. Float8 linears inside such a region would scale
+    each rank's shard on its own (torchao's float8 TP styles do not apply there)."""
+    _require(tp == 1 or not float8,
+             f"{where}: [float8] enable with [parallelism] tensor_parallel_degree = {tp} is not "
+             "supported for mixture-of-experts models (their attention/MoE layers run as local "
+             "TP regions, where float8 would scale each shard on its own); set one of them off")
+    _require(tp == 1 or aux_loss_coeff == 0,
+             f"{where}: the sequence-wise auxiliary balance loss (aux_loss_coeff = "
+             f"{aux_loss_coeff}) is not supported with [parallelism] tensor_parallel_degree = "
+             f"{tp} (its gradient would be counted once per TP rank); use a flavor with bias "
+             "balancing, or tensor_parallel_degree = 1")
+
+
 # ---------------------------------------------------------------------- context parallel
 
 
