@@ -13,10 +13,13 @@ token's computation multiplies, so FLOPs per token, the GEMM time and MFU follow
 trainer's MFU counts them. Routed-expert weights are stacked per MoE layer,
 ``num_experts x 3 x dim x expert width``.
 
-Expert parallelism (distributed/expert_layout.py): EP borrows its ranks from dp_shard x cp x tp
-(ETP 1, the only ETP implemented), so an expert weight is split over ``ep`` and FSDP-sharded over
-``efsdp = dp_shard x cp x tp / ep``: its sharded bytes per GPU are those of a dense weight
-(P / (tp x dp_shard x cp)), but FSDP gathers ``1/ep`` of the experts, not ``1/tp``.
+Expert parallelism (distributed/expert_layout.py): without TP, EP borrows its ranks from
+dp_shard x cp, so an expert weight is split over ``ep`` and FSDP-sharded over
+``efsdp = dp_shard x cp / ep``: its sharded bytes per GPU are those of a dense weight
+(P / (dp_shard x cp)), but FSDP gathers ``1/ep`` of the experts. Under TP the trainer runs
+only ETP = TP (each expert split over the TP ranks like the dense feed-forward, EP over
+dp_shard x cp, the expert weights not FSDP-sharded), so the planner plans that: the bytes per
+GPU are again a dense weight's, and the all-to-all count below stays a per-rank estimate.
 
 The all-to-all (``all_to_all_bytes``): each MoE layer dispatches every token's hidden state to
 its top_k experts and combines the k results back, so one microbatch of T tokens on a rank moves

@@ -52,6 +52,7 @@ def _trainer_rules(m: ModelShape, work: Workload, layout: Layout) -> int:
     if layout.pp > 1:
         rules.check_stage_count(m.n_layers, layout.pp * layout.stages_per_rank)
     dims = ParallelDims(pp=layout.pp, dp_replicate=layout.dp_replicate, dp_shard=layout.dp_shard,
-                        cp=layout.cp, tp=t, world_size=layout.num_gpus, ep=layout.ep)
+                        cp=layout.cp, tp=t, world_size=layout.num_gpus, ep=layout.ep,
+                        etp=t if m.num_experts else 1)  # under TP the trainer runs ETP = TP
     validate_expert_layout(dims, m.num_experts)
     return steps * per_schedule
