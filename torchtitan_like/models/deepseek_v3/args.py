@@ -13,7 +13,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from torchtitan_like.config.errors import ConfigError
-from torchtitan_like.models.moe import MoEArgs, refuse_block_compile
+from torchtitan_like.models.moe import MoEArgs
 from torchtitan_like.models.registry import BaseModelArgs
 
 if TYPE_CHECKING:
@@ -82,7 +82,6 @@ class DeepSeekV3Args(BaseModelArgs):
             from torchtitan_like.models.llama3.pipeline import llama_fqns_per_stage
 
             llama_fqns_per_stage(self, job_config)
-        refuse_block_compile("deepseek_v3", job_config)
         unsupported = {"tensor": parallel_dims.tp, "context": parallel_dims.cp}
         for name, degree in unsupported.items():
             if degree > 1:

@@ -2,9 +2,8 @@
 
 The steps and their order are llama3's (each lives in its own file under distributed/, the
 tail applied by distributed/plan_toolkit.py's ``apply_block_tail``): expert parallelism ->
-activation checkpointing -> FSDP2, each skipping the modules a pipeline stage dropped. Block
-compile is refused at start-up for now (args.py ``validate``): llama3's full-graph block
-compile does not trace the MoE layer's data-dependent token sort and load counting.
+activation checkpointing -> compile -> FSDP2, each skipping the modules a pipeline stage
+dropped; the MoE blocks compile around their MoE layer (distributed/compile.py).
 Expert parallelism slots in as one more step before AC (it shards ``moe.experts`` and wraps
 its forward with the token all-to-alls), and its FSDP step then shards the expert weights over
 their own mesh. The MoE balancing bias update is an optimizer step post-hook

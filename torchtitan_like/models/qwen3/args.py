@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.models.llama3.args import check_heads_and_layout
-from torchtitan_like.models.moe import MoEArgs, refuse_block_compile
+from torchtitan_like.models.moe import MoEArgs
 from torchtitan_like.models.registry import BaseModelArgs
 
 if TYPE_CHECKING:
@@ -67,8 +67,6 @@ class Qwen3Args(BaseModelArgs):
             raise ConfigError(f"{flavor} is a mixture of experts, whose experts tensor "
                               "parallelism does not split; use [parallelism] "
                               "tensor_parallel_degree = 1 (FSDP/HSDP, CP and PP apply)")
-        if self.moe is not None:
-            refuse_block_compile("qwen3", job_config)
         if (self.moe is not None and job_config.checkpoint.initial_load_in_hf
                 and parallel_dims.fsdp_enabled):
             raise ConfigError(f"{flavor}: HF expert weights are read one tensor per expert, "
