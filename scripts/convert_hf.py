@@ -9,7 +9,9 @@
     python scripts/convert_hf.py from_hf path/to/Llama-3.2-1B outputs/ft/checkpoint
 
 The flavor comes from the checkpoint's checkpoint.json (to_hf) or from the flavor whose shape
-config.json describes (from_hf); ``--flavor`` overrides. To load HF weights straight into a
+config.json describes (from_hf); ``--flavor`` overrides. A job trained with ``[model] overrides``
+records them in checkpoint.json (to_hf); for from_hf give them as ``--override moe.top_k=2``
+(repeatable), so that the flavor is matched with the job's shape. To load HF weights straight into a
 sharded job instead, set ``[checkpoint] initial_load_path`` and ``initial_load_in_hf = true``.
 """
 
@@ -23,6 +25,7 @@ from torchtitan_like.components.checkpoint import CheckpointError
 from torchtitan_like.components.hf_checkpoint import (
     hf_to_seed_checkpoint,
     model_from_checkpoint,
+    overrides_from_cli,
     save_hf,
 )
 from torchtitan_like.components.hf_export import add_generation_files
@@ -48,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     for p in (to_hf, from_hf):
         p.add_argument("--model", default="llama3", help="registered model name")
         p.add_argument("--flavor", default=None, help="override the detected flavor")
+        p.add_argument("--override", action="append", default=[], metavar="NAME=VALUE",
+                       help="a [model] overrides entry, e.g. moe.num_experts=16 (repeatable; "
+                       "to_hf: replaces the ones checkpoint.json records)")
         p.add_argument("--custom_import", action="append", default=[],
                        help="module registering the model (as [job] custom_import)")
     args = parser.parse_args(argv)
@@ -58,8 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"model {args.model!r} has no HuggingFace adapter", file=sys.stderr)
         return 2
     try:
+        overrides = overrides_from_cli(args.override)
         if args.command == "to_hf":
-            model, model_args = model_from_checkpoint(spec, args.checkpoint, args.flavor)
+            model, model_args = model_from_checkpoint(spec, args.checkpoint, args.flavor,
+                                                      overrides)
             files = save_hf(model.state_dict(), spec.hf_adapter(model_args), args.output,
                             DTYPES[args.dtype], int(args.max_shard_gb * 2**30))
             add_generation_files(args.output, args.tokenizer_path)
@@ -67,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                   "tokenizer files and generation_config.json")
         else:
             final, flavor = hf_to_seed_checkpoint(spec, args.hf_folder, args.checkpoint_folder,
-                                                  args.flavor)
+                                                  args.flavor, overrides)
             print(f"wrote the seed checkpoint {final} ({args.model} flavor {flavor})")
     except (ValueError, CheckpointError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -9,6 +9,7 @@ PP (its ranks' largest peak), else the largest peak over the ranks.
 
     python scripts/validate_plan_memory.py            # about 6 minutes on 2 cores
     python scripts/validate_plan_memory.py --only PP
+    python scripts/validate_plan_memory.py --moe   # the MoE models instead (their own table)
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ TP = ["--parallelism.tensor_parallel_degree", "2"]
 PP = ["--parallelism.pipeline_parallel_degree", "2",
       "--parallelism.pipeline_parallel_microbatch_size", "2"]
 SCHEDULE = "--parallelism.pipeline_parallel_schedule"
+QWEN3_MOE = ["--model.name", "qwen3", "--model.flavor", "debugmodel_moe"]
+DEEPSEEK = ["--model.name", "deepseek_v3", "--model.flavor", "debugmodel"]
+EP_2 = [*BATCH_4, "--parallelism.expert_parallel_degree", "2"]
 
 # name -> (processes, overrides on top of COMMON); the debug config: batch 8 x 256, fp32.
 CASES: dict[str, tuple[int, list[str]]] = {
@@ -64,14 +68,23 @@ CASES: dict[str, tuple[int, list[str]]] = {
     "PP 2 x FSDP 2, 1F1B": (4, [*PP, "--training.local_batch_size", "4",
                                 "--training.global_batch_size", "8"]),
 }
+MOE_CASES: dict[str, tuple[int, list[str]]] = {
+    "MoE qwen3 1 proc": (1, QWEN3_MOE),
+    "MoE qwen3 FSDP 2 x EP 2": (2, [*QWEN3_MOE, *EP_2]),
+    "MoE qwen3 FSDP 2 x EP 2, AC full": (2, [*QWEN3_MOE, *EP_2, *FULL]),
+    "MoE deepseek_v3 1 proc": (1, DEEPSEEK),
+    "MoE deepseek_v3 FSDP 2 x EP 2": (2, [*DEEPSEEK, *EP_2]),
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", help="only the cases whose name contains one of "
                         "these strings")
+    parser.add_argument("--moe", action="store_true", help="the MoE cases instead")
     args = parser.parse_args()
-    cases = {name: (n, [*COMMON, *overrides]) for name, (n, overrides) in CASES.items()
+    chosen = MOE_CASES if args.moe else CASES
+    cases = {name: (n, [*COMMON, *overrides]) for name, (n, overrides) in chosen.items()
              if not args.only or any(key in name for key in args.only)}
     with tempfile.TemporaryDirectory() as tmp:
         measured = measure_cases(cases, Path(tmp))

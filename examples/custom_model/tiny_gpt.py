@@ -3,9 +3,10 @@ LayerNorm, GELU MLP), registered as ``tiny_gpt`` when [job] custom_import names 
 
 It uses the extension points of docs/extending.md: a z-loss on the logits through the loss
 hook and the largest logit log-sum-exp as a metric (components/model_hooks.py), a coefficient
-that ``[model] overrides = { z_loss_coef = 1e-3 }`` sets, the plan toolkit's shared tail
-(distributed/plan_toolkit.py) and a pipeline split; ModelSpec.supported_dims says PP is the
-one parallel dimension besides data parallelism it implements.
+that ``[model] overrides = { z_loss_coef = 1e-3 }`` sets, a tensor-parallel plan from the plan
+toolkit's attention and feed-forward styles and its shared tail (distributed/plan_toolkit.py),
+and a pipeline split; ModelSpec.supported_dims says TP and PP are the parallel dimensions
+besides data parallelism it implements (CP and EP are refused at start-up).
 
     CONFIG_FILE=examples/custom_model/tiny_gpt.toml NPROC=2 ./run_train.sh
 """
@@ -17,9 +18,17 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed.pipeline import module_fqns_per_stage, prune_to_stage
-from torchtitan_like.distributed.plan_toolkit import apply_block_tail
+from torchtitan_like.distributed.plan_toolkit import apply_block_tail, attention_plan, swiglu_plan
 from torchtitan_like.models import BaseModelArgs, ModelSpec, register_model
 
 
@@ -35,6 +44,11 @@ class TinyGPTArgs(BaseModelArgs):
     def update_from_config(self, job_config) -> None:
         self.max_seq_len = job_config.training.seq_len
 
+    def validate(self, job_config, parallel_dims) -> None:
+        if self.n_heads % parallel_dims.tp:  # the TP plan gives every rank whole heads
+            raise ConfigError(f"[parallelism] tensor_parallel_degree = {parallel_dims.tp} must "
+                              f"divide tiny_gpt's n_heads = {self.n_heads}")
+
     def num_params(self) -> int:
         d = self.dim
         block = 4 * d * d + 4 * d + 8 * d * d + 5 * d + 4 * d  # attention, MLP, two LayerNorms
@@ -46,23 +60,43 @@ class TinyGPTArgs(BaseModelArgs):
         return 6 * matmuls + 12 * self.n_layers * self.dim * seq_len
 
 
-class Block(nn.Module):
+class Attention(nn.Module):
+    """Causal self-attention; the head count comes from the width of q's output, so the same
+    code runs on a TP rank holding a slice of the heads (plan_toolkit.attention_plan)."""
+
     def __init__(self, args: TinyGPTArgs):
         super().__init__()
-        self.n_heads = args.n_heads
-        self.ln1, self.ln2 = nn.LayerNorm(args.dim), nn.LayerNorm(args.dim)
-        self.qkv = nn.Linear(args.dim, 3 * args.dim)
+        self.head_dim = args.dim // args.n_heads
+        self.q, self.k, self.v = (nn.Linear(args.dim, args.dim) for _ in range(3))
         self.proj = nn.Linear(args.dim, args.dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bs, seq, _ = x.shape
+        q, k, v = (linear(x).view(bs, seq, -1, self.head_dim).transpose(1, 2)
+                   for linear in (self.q, self.k, self.v))
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(attn.transpose(1, 2).reshape(bs, seq, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, args: TinyGPTArgs):
+        super().__init__()
         self.fc = nn.Linear(args.dim, 4 * args.dim)
         self.out = nn.Linear(4 * args.dim, args.dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bs, seq, dim = x.shape
-        q, k, v = (t.view(bs, seq, self.n_heads, -1).transpose(1, 2)
-                   for t in self.qkv(self.ln1(x)).chunk(3, dim=-1))
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(attn.transpose(1, 2).reshape(bs, seq, dim))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+        return self.out(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, args: TinyGPTArgs):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(args.dim), nn.LayerNorm(args.dim)
+        self.attn, self.mlp = Attention(args), MLP(args)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
 
 
 class TinyGPT(nn.Module):
@@ -81,7 +115,7 @@ class TinyGPT(nn.Module):
         one without the head returns them."""
         h = tokens
         if self.tok_emb is not None:
-            positions = torch.arange(tokens.shape[1], device=tokens.device)
+            positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
             h = self.tok_emb(tokens) + self.pos_emb(positions)
         for block in self.blocks.values():
             h = block(h)
@@ -106,10 +140,38 @@ class TinyGPT(nn.Module):
 
 
 def parallelize_tiny_gpt(model: TinyGPT, parallel_dims, meshes, config) -> TinyGPT:
-    """Data parallelism and PP (each stage comes here like a whole model): activation
-    checkpointing, compile and one FSDP unit per block, the rest in the root."""
+    """TP (each pipeline stage comes here like a whole model), then activation checkpointing,
+    compile and one FSDP unit per block, the rest in the root."""
+    if parallel_dims.tp_enabled:
+        apply_tp(model, meshes.tp)
     apply_block_tail(model, model.blocks, parallel_dims, meshes, config)
     return model
+
+
+def apply_tp(model: TinyGPT, tp_mesh) -> None:
+    """Megatron TP with sequence parallelism: hidden states between modules are this rank's
+    sequence shard (Shard(1)). Both embedding tables are split by rows (token ids, positions),
+    their partial lookups reduce-scattered into sequence shards; LayerNorms run on the shard;
+    attention and MLP use the toolkit's column-wise/row-wise pairs. The head gathers whole
+    logits on every TP rank (no loss parallel): the z-loss needs each row's log-sum-exp, and
+    every TP rank computes the same loss terms from them."""
+    edges = {}
+    for name in ("tok_emb", "pos_emb"):
+        if getattr(model, name) is not None:
+            edges[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    if model.head is not None:
+        edges["ln_f"] = SequenceParallel()
+        edges["head"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
+    parallelize_module(model, tp_mesh, edges)
+    device = tp_mesh.device_type
+    for block in model.blocks.values():
+        parallelize_module(block, tp_mesh, {
+            "ln1": SequenceParallel(),
+            **attention_plan(block, device, name="attn", qkv=("q", "k", "v"), out="proj",
+                             extra_inputs=0),
+            "ln2": SequenceParallel(),
+            **swiglu_plan(block, device, name="mlp", gate_up=("fc",), down="out"),
+        })
 
 
 def pipeline_tiny_gpt(model: TinyGPT, stage_ids: list[int], config) -> list[TinyGPT]:
@@ -128,6 +190,6 @@ register_model(
         flavors={"small": TinyGPTArgs()},
         parallelize_fn=parallelize_tiny_gpt,
         pipelining_fn=pipeline_tiny_gpt,
-        supported_dims=frozenset({"pp"}),
+        supported_dims=frozenset({"tp", "pp"}),
     )
 )

@@ -3,10 +3,12 @@
 examples/custom_model/tiny_gpt.py (copied to a temporary folder and imported by path) adds a
 z-loss through the loss hook, reports a metric, takes its coefficient from a model override
 and parallelizes with the plan toolkit. One launch of 1 process (the reference) and one of 2
-(FSDP=2, FSDP=2 with full activation checkpointing, PP=2) compare per step. Tolerance as in
-tests/parallel/test_model_hooks.py (fp32, deterministic kernels, sums reordered only): 1e-5.
-TP and CP are not implemented by this model: it declares so (ModelSpec.supported_dims), and
-the job is refused before any process group exists.
+(FSDP=2, FSDP=2 with full activation checkpointing, TP=2, PP=2) compare per step. Tolerance as
+in tests/parallel/test_model_hooks.py (fp32, deterministic kernels, sums reordered only): 1e-5;
+under TP the matmuls split over ranks sum their halves in another order and every TP rank
+computes the z-loss from the same gathered logits, so the same class of bound holds. CP is not
+implemented by this model: it declares so (ModelSpec.supported_dims), and the job is refused
+before any process group exists, as is a TP degree that does not divide the heads.
 """
 
 import shutil
@@ -40,6 +42,8 @@ def runs(fork, corpus, tmp_path_factory):
     results.update(launch(2, {
         "fsdp2": fork,
         "fsdp2_full_ac": [*fork, "--activation_checkpoint.mode=full"],
+        "tp2": [*fork, "--parallelism.tensor_parallel_degree=2",
+                "--training.local_batch_size=4"],
         "pp2": [*fork, *pp2],
     }, root / "2", corpus))
     return results
@@ -55,7 +59,7 @@ def test_the_override_and_the_hooks_take_effect(runs):
     assert series(runs["no_z_loss"], "aux_loss/z_loss") == [0.0] * 5
 
 
-@pytest.mark.parametrize("case", ["fsdp2", "fsdp2_full_ac", "pp2"])
+@pytest.mark.parametrize("case", ["fsdp2", "fsdp2_full_ac", "tp2", "pp2"])
 def test_each_layout_matches_one_process(runs, case):
     assert_close(losses(runs[case]), losses(runs["reference"]), TOL)
     for name in ("aux_loss/z_loss", "max_logsumexp"):
@@ -64,11 +68,16 @@ def test_each_layout_matches_one_process(runs, case):
         assert_close(ratios, [1.0] * 5, TOL)
 
 
-def test_tensor_parallel_is_refused_before_process_groups(fork):
+@pytest.mark.parametrize(("extra", "error"), [
+    (["--parallelism.context_parallel_degree=2"],
+     r"model 'tiny_gpt' supports only data parallelism and \[pp, tp\]"),
+    (["--parallelism.tensor_parallel_degree=2", "--model.overrides.n_heads=3",
+      "--model.overrides.dim=96"], r"tensor_parallel_degree = 2 must divide .* n_heads = 3"),
+])
+def test_what_the_plan_cannot_do_is_refused_before_process_groups(fork, extra, error):
     # the checkout's file, in this process: a second file registering "tiny_gpt" here would
     # clash with it in the registry (the launches above imported the copy in their processes)
     example = ["--job.custom_import", str(ROOT / "examples/custom_model/tiny_gpt.py"),
                *fork[2:]]
-    with pytest.raises(ConfigError, match=r"model 'tiny_gpt' supports only data parallelism "
-                       r"and \[pp\]"):
-        parse_args([*example, "--parallelism.tensor_parallel_degree=2"], 2)
+    with pytest.raises(ConfigError, match=error):
+        parse_args([*example, *extra], 2)

@@ -11,6 +11,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.experimental import context_parallel
 from torch.distributed.tensor.experimental._attention import _cp_options, set_rotate_method
+from worker_exit import finish_worker
 
 from torchtitan_like.distributed.cp_cpu_sdpa import FORWARD, cpu_ring_attention
 
@@ -63,7 +64,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(errors, f)
-    dist.destroy_process_group()
+    finish_worker()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
+from worker_exit import finish_worker
 
 from torchtitan_like.distributed.expert_layout import expert_fsdp_mesh
 from torchtitan_like.distributed.expert_parallel import apply_expert_fsdp, apply_expert_parallel
@@ -122,7 +123,7 @@ def main() -> None:
     meshes = ParallelDims.resolve(dist.get_world_size(), ep=2).build_meshes("cpu")
     for use_grouped_mm in (False, True):
         check_layout(use_grouped_mm, meshes)
-    dist.destroy_process_group()
+    finish_worker()
 
 if __name__ == "__main__":
     main()

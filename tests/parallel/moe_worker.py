@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import torch.distributed as dist
+from worker_exit import finish_worker
 
 from torchtitan_like.distributed.utils import init_distributed
 from torchtitan_like.logging import init_logger
@@ -43,7 +44,7 @@ def main() -> None:
         if dist.get_rank() == 0:
             out = Path(trainer.config.job.dump_folder) / "expert_bias.json"
             out.write_text(json.dumps(trajectory))
-    dist.destroy_process_group()
+    finish_worker()
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ import json
 import os
 import sys
 
-import torch.distributed as dist
+from worker_exit import finish_worker
 
 from torchtitan_like.distributed.utils import init_distributed
 from torchtitan_like.logging import init_logger
@@ -20,7 +20,7 @@ def main() -> None:
     device = init_distributed()
     for overrides in cases.values():
         Trainer(parse_args(overrides, world_size), device).train()
-    dist.destroy_process_group()
+    finish_worker()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from torchtitan_like.models.registry import model_spec_and_args
 from torchtitan_like.tools.ablate import (
     Result,
     Sweep,
@@ -39,10 +40,16 @@ def test_shipped_sweep_variants_are_valid_configs():
 
 def test_moe_sweep_variants_are_valid_configs():
     sweep = load_sweep(SHIPPED.parent / "moe.toml")
+    routing = {}
     for variant in sweep.variants:
         argv = ["--job.config_file", str(sweep.base_config), *sweep.overrides,
                 *variant.overrides]
-        assert parse_args(argv, sweep.nproc_of(variant)).model.name == "deepseek_v3"
+        config = parse_args(argv, sweep.nproc_of(variant))
+        assert config.model.name == "deepseek_v3"
+        moe = model_spec_and_args(config)[1].moe  # nested [model] overrides reach the model
+        routing[variant.name] = (moe.num_experts, moe.top_k, moe.load_balance_coeff is not None)
+    assert {(4, 2, True), (16, 2, True), (8, 1, True), (8, 4, True), (8, 2, False)} <= set(
+        routing.values())
 
 
 def test_planned_memory_is_none_when_the_config_cannot_run():

@@ -42,6 +42,7 @@ def test_resumes_from_the_latest_or_the_chosen_step(job, base):
     assert sorted(step_folders(folder)) == [2, 4]
     info = json.loads((folder / "step-4" / "checkpoint.json").read_text())
     assert info["states"] == ["model", "optimizer", "lr_scheduler", "dataloader", "train_state"]
+    assert info["model"] == {"name": "llama3", "flavor": "tiny", "overrides": {}}  # for export
     trainer = build()
     assert (trainer.step, trainer.tokens_seen) == (4, 4 * 4 * 64)
     for key, value in trainer.model_parts[0].state_dict().items():

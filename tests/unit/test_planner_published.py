@@ -37,7 +37,7 @@ def test_memory_within_15_percent(c):
 
 def test_every_row_states_its_source_and_inputs():
     for run in PUBLISHED_RUNS:
-        assert run.source and run.inputs and "seq 8192" in run.inputs
+        assert run.source and run.inputs and f"seq {run.work.seq_len}" in run.inputs
         assert bool(run.tokens_per_second_per_gpu) != bool(run.mfu)
 
 

@@ -16,10 +16,10 @@ TINY_GPT = ["--job.custom_import", str(ROOT / "examples/custom_model/tiny_gpt.py
 
 
 def test_the_example_refuses_what_it_does_not_declare():
-    # (CP is refused by its own check too: the example has no context_parallel_buffers.)
-    with pytest.raises(ConfigError, match=r"\[parallelism\] tensor_parallel_degree = 2, but "
-                       r"model 'tiny_gpt' supports only data parallelism and \[pp\]"):
-        parse_args([*TINY_GPT, "--parallelism.tensor_parallel_degree=2"], 2)
+    # (CP is refused by its own check too, after this one: no context_parallel_buffers.)
+    with pytest.raises(ConfigError, match=r"\[parallelism\] context_parallel_degree = 2, but "
+                       r"model 'tiny_gpt' supports only data parallelism and \[pp, tp\]"):
+        parse_args([*TINY_GPT, "--parallelism.context_parallel_degree=2"], 2)
 
 
 def test_the_example_runs_data_parallel_and_llama_declares_every_dim():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 
 from torchtitan_like.components.checkpoint.folder import publish, read_info
-from torchtitan_like.models.registry import HFAdapter, ModelSpec, get_model_args
+from torchtitan_like.models.registry import HFAdapter, ModelSpec, apply_overrides, get_model_args
 
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -65,12 +66,33 @@ def load_hf(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     return json.loads((folder / "config.json").read_text()), tensors
 
 
+def flavor_args(spec: ModelSpec, flavor: str, overrides: Mapping[str, Any] | None = None) -> Any:
+    """A flavor's args with ``[model] overrides`` applied (models/registry.py)."""
+    return apply_overrides(get_model_args(spec, flavor), overrides or {})
+
+
+def overrides_from_cli(items: list[str]) -> dict[str, str] | None:
+    """Repeated ``--override NAME=VALUE`` flags of the conversion tools (``moe.top_k=2`` for a
+    nested field) -> [model] overrides; None when there are none."""
+    overrides = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip():
+            raise ValueError(f"--override {item!r}: expected NAME=VALUE, e.g. moe.top_k=2")
+        overrides[name.strip()] = value.strip()
+    return overrides or None
+
+
 def model_from_checkpoint(spec: ModelSpec, checkpoint: Path, flavor: str | None = None,
+                          overrides: Mapping[str, Any] | None = None,
                           ) -> tuple[torch.nn.Module, Any]:
     """The full model of a DCP checkpoint (any layout it was saved under) in this process,
-    with the flavor and context length recorded in its checkpoint.json."""
+    with the flavor, model overrides and context length recorded in its checkpoint.json
+    (``overrides`` given here replace the recorded ones)."""
     info = read_info(checkpoint)
-    args = get_model_args(spec, flavor or info["model"]["flavor"])
+    saved = info["model"]
+    args = flavor_args(spec, flavor or saved["flavor"],
+                       saved.get("overrides", {}) if overrides is None else overrides)
     args.max_seq_len = info.get("seq_len", args.max_seq_len)
     model = spec.model_cls(args)
     state = model.state_dict()
@@ -82,12 +104,13 @@ def model_from_checkpoint(spec: ModelSpec, checkpoint: Path, flavor: str | None 
 
 
 def model_from_hf(spec: ModelSpec, folder: Path, flavor: str | None = None,
-                  ) -> tuple[torch.nn.Module, Any]:
-    """The model of a HuggingFace folder in this process; the flavor is the one whose shape
-    its config.json describes (every shape-defining field compared) unless given."""
+                  overrides: Mapping[str, Any] | None = None) -> tuple[torch.nn.Module, Any]:
+    """The model of a HuggingFace folder in this process; the flavor is the one whose shape,
+    with ``overrides`` applied, its config.json describes (every shape-defining field
+    compared) unless given."""
     config, hf_tensors = load_hf(folder)
-    flavor = flavor or _matching_flavor(spec, config, folder)
-    args = get_model_args(spec, flavor)
+    flavor = flavor or _matching_flavor(spec, config, folder, overrides)
+    args = flavor_args(spec, flavor, overrides)
     adapter = spec.hf_adapter(args)
     adapter.check_config(config)
     args.max_seq_len = config.get("max_position_embeddings", args.max_seq_len)
@@ -97,13 +120,15 @@ def model_from_hf(spec: ModelSpec, folder: Path, flavor: str | None = None,
 
 
 def hf_to_seed_checkpoint(spec: ModelSpec, hf_folder: Path, checkpoint_folder: Path,
-                          flavor: str | None = None) -> tuple[Path, str]:
+                          flavor: str | None = None, overrides: Mapping[str, Any] | None = None,
+                          ) -> tuple[Path, str]:
     """Write a HuggingFace folder's weights as the seed checkpoint ``step-0`` (model only) of a
-    checkpoint folder; the flavor is the one whose shape the config.json describes."""
+    checkpoint folder; the flavor is the one whose shape, with ``overrides`` applied (the
+    job's [model] overrides), the config.json describes."""
     config, hf_tensors = load_hf(hf_folder)
     if flavor is None:
-        flavor = _matching_flavor(spec, config, hf_folder)
-    adapter = spec.hf_adapter(get_model_args(spec, flavor))
+        flavor = _matching_flavor(spec, config, hf_folder, overrides)
+    adapter = spec.hf_adapter(flavor_args(spec, flavor, overrides))
     adapter.check_config(config)
     final = checkpoint_folder / "step-0"
     if final.exists():
@@ -113,19 +138,24 @@ def hf_to_seed_checkpoint(spec: ModelSpec, hf_folder: Path, checkpoint_folder: P
     dcp.save({"model": state}, checkpoint_id=str(partial), no_dist=True)
     dtypes = {t.dtype for t in state.values()}
     publish(partial, final, {"step": 0, "states": ["model"], "source": str(hf_folder),
-                             "model": {"name": spec.name, "flavor": flavor},
+                             "model": {"name": spec.name, "flavor": flavor,
+                                       "overrides": dict(overrides or {})},
                              "dtype": str(dtypes.pop()).removeprefix("torch.")
                              if len(dtypes) == 1 else "mixed",
                              "world_size": 1})
     return final, flavor
 
 
-def _matching_flavor(spec: ModelSpec, config: dict[str, Any], hf_folder: Path) -> str:
+def _matching_flavor(spec: ModelSpec, config: dict[str, Any], hf_folder: Path,
+                     overrides: Mapping[str, Any] | None = None) -> str:
+    """The first flavor whose shape, with ``overrides`` applied, config.json describes. An
+    override that a flavor's args refuse (a ConfigError, also a ValueError) rules it out."""
     for name in spec.flavors:
         try:
-            spec.hf_adapter(get_model_args(spec, name)).check_config(config)
+            spec.hf_adapter(flavor_args(spec, name, overrides)).check_config(config)
             return name
         except ValueError:
             continue
+    with_overrides = f" with [model] overrides {dict(overrides)}" if overrides else ""
     raise ValueError(f"{hf_folder}/config.json matches no {spec.name} flavor "
-                     f"({', '.join(spec.flavors)}); register one of its shape")
+                     f"({', '.join(spec.flavors)}){with_overrides}; register one of its shape")

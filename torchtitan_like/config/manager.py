@@ -217,9 +217,9 @@ def _build(layers: list[tuple[str, dict[str, dict[str, Any]], bool]]) -> JobConf
                 table, dot, entry = key.partition(".")
                 if dot and typing.get_origin(hints.get(table)) is dict:  # --model.overrides.x=1
                     try:
-                        getattr(target, table).update(_coerce(
+                        _set_entry(getattr(target, table), hints[table], entry, _coerce(
                             {entry: value}, hints[table], f"[{section}] {key} ({origin})",
-                            from_cli))
+                            from_cli)[entry])
                     except ConfigError as e:
                         problems.append(str(e))
                     continue
@@ -241,6 +241,19 @@ def _build(layers: list[tuple[str, dict[str, dict[str, Any]], bool]]) -> JobConf
         raise ConfigError(problems[0] if len(problems) == 1 else
                           f"{len(problems)} problems:\n  " + "\n  ".join(problems))
     return config
+
+
+def _set_entry(table: dict[str, Any], tp: Any, entry: str, value: Any) -> None:
+    """One command-line entry of a table field. In a free-form table (``dict[str, Any]``, e.g.
+    [model] overrides) a dotted entry names nested tables as a dotted TOML key does:
+    ``--model.overrides.moe.top_k=2`` sets ``overrides["moe"]["top_k"]``, beside what the TOML
+    set in ``moe``. Keys of a typed table (``dict[str, float]``) are taken whole."""
+    *parents, leaf = entry.split(".") if typing.get_args(tp)[1] is Any else [entry]
+    for name in parents:
+        if not isinstance(table.get(name), dict):
+            table[name] = {}
+        table = table[name]
+    table[leaf] = value
 
 
 def import_custom_modules(names: list[str]) -> None:

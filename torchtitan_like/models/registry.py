@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from torchtitan_like.config.errors import ConfigError
-from torchtitan_like.config.manager import coerce, did_you_mean
+from torchtitan_like.config.manager import coerce, did_you_mean, type_name
 
 if TYPE_CHECKING:
     from torchtitan_like.components.optimizer import OptimizersContainer
@@ -166,7 +166,7 @@ def get_model_args(spec: ModelSpec, flavor: str) -> BaseModelArgs:
 
 def _overridable_type(tp: Any) -> Any:
     """The type an override is checked against: a scalar, a Literal, or X of ``X | None``;
-    None for fields an override cannot set (nested dataclasses, collections)."""
+    None for fields an override cannot set (collections)."""
     options = [t for t in typing.get_args(tp) if t is not type(None)]
     if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(options) == 1:
         tp = options[0]
@@ -174,31 +174,81 @@ def _overridable_type(tp: Any) -> Any:
     return tp if scalar else None
 
 
-def apply_overrides(spec: ModelSpec, args: BaseModelArgs, overrides: Mapping[str, Any]
-                    ) -> BaseModelArgs:
-    """``args`` with the fields named in ``[model] overrides`` replaced, each type-checked;
-    ConfigError for an unknown name (closest match suggested) or a non-scalar field."""
+def _paths(overrides: Mapping[str, Any], prefix: tuple[str, ...] = ()
+           ) -> dict[tuple[str, ...], Any]:
+    """``{"moe": {"top_k": 2}, "n_layers": 8}`` (or a dotted key ``"moe.top_k"``) ->
+    ``{("moe", "top_k"): 2, ("n_layers",): 8}``, later entries winning."""
+    paths: dict[tuple[str, ...], Any] = {}
+    for key, value in overrides.items():
+        path = (*prefix, *str(key).split("."))
+        paths.update(_paths(value, path) if isinstance(value, Mapping) else {path: value})
+    return paths
+
+
+def _replace_fields(args: Any, overrides: Mapping[tuple[str, ...], Any],
+                    where: str) -> Any:
+    """``args`` (a dataclass) with the fields at the paths of ``overrides`` replaced; a path
+    into a nested dataclass field (``MoEArgs``) replaces that field by an updated copy, whose
+    own checks (``__post_init__``) run again on the new values."""
     hints = typing.get_type_hints(type(args))
     names = [f.name for f in dataclasses.fields(args) if f.init]
+    by_field: dict[str, dict[tuple[str, ...], Any]] = {}
+    for path, value in overrides.items():
+        by_field.setdefault(path[0], {})[path[1:]] = value
     values = {}
-    for name, value in overrides.items():
-        where = f"[model] overrides.{name}"
+    for name, rest in by_field.items():
         if name not in names:
-            raise ConfigError(f"{where}: {spec.name} args ({type(args).__name__}) have no "
-                              f"field {name!r}" + did_you_mean(name, names))
-        tp = _overridable_type(hints[name])
-        if tp is None:
-            raise ConfigError(f"{where}: field of type {hints[name]} cannot be overridden "
-                              "(only numbers, booleans and strings); register a flavor instead")
-        values[name] = coerce(value, tp, where, from_cli=isinstance(value, str))
-    return dataclasses.replace(args, **values)
+            raise ConfigError(f"[model] {where}.{name}: {type(args).__name__} has no field "
+                              f"{name!r}" + did_you_mean(name, names))
+        values[name] = _new_value(getattr(args, name), hints[name], rest, f"{where}.{name}")
+    try:
+        return dataclasses.replace(args, **values)
+    except ConfigError:
+        raise
+    except ValueError as e:  # the args' own checks, e.g. MoEArgs: top_k <= num_experts
+        raise ConfigError(f"[model] {where}: {e}") from e
+
+
+def _new_value(current: Any, hint: Any, rest: Mapping[tuple[str, ...], Any], where: str) -> Any:
+    """One field's overridden value: ``rest`` maps the paths below the field (``()`` = the
+    field itself) to values. ``"none"`` sets a field typed ``X | None`` to None (TOML has no
+    null), e.g. ``moe.load_balance_coeff = "none"`` turns bias balancing off."""
+    value = rest.get(())
+    if (len(rest) == 1 and type(None) in typing.get_args(hint) and isinstance(value, str)
+            and value.strip().lower() == "none"):
+        return None
+    if dataclasses.is_dataclass(current):
+        if () in rest:
+            example = dataclasses.fields(current)[0].name
+            raise ConfigError(f"[model] {where} is a group of fields ({type(current).__name__})"
+                              f": set them one by one, e.g. --model.{where}.{example}=...")
+        return _replace_fields(current, rest, where)
+    tp = _overridable_type(hint)
+    if set(rest) != {()}:
+        what = ("None in this flavor, and an override cannot create it; choose a flavor "
+                "that has one" if current is None else
+                f"a {type_name(tp) if tp else hint}, not a group of fields")
+        raise ConfigError(f"[model] {where} is {what}")
+    if tp is None:
+        raise ConfigError(f"[model] {where}: field of type {hint} cannot be overridden "
+                          "(only numbers, booleans and strings); register a flavor instead")
+    return coerce(value, tp, f"[model] {where}", from_cli=isinstance(value, str))
+
+
+def apply_overrides(args: BaseModelArgs, overrides: Mapping[str, Any]) -> BaseModelArgs:
+    """``args`` with the fields named in ``[model] overrides`` replaced, nested dataclass fields
+    included (``{ moe = { num_experts = 8 } }``, ``--model.overrides.moe.num_experts=8``), each
+    type-checked (``"none"`` for None where the field allows it); ConfigError for an unknown
+    name (closest match suggested), a collection field, or values the args' own checks
+    refuse."""
+    return _replace_fields(args, _paths(overrides), "overrides")
 
 
 def model_spec_and_args(job_config: JobConfig) -> tuple[ModelSpec, BaseModelArgs]:
     """The job's model spec and its flavor's args with ``[model] overrides`` applied, updated
     for the job: what the trainer, the planner and every other caller builds."""
     spec = get_model_spec(job_config.model.name)
-    args = apply_overrides(spec, get_model_args(spec, job_config.model.flavor),
+    args = apply_overrides(get_model_args(spec, job_config.model.flavor),
                            job_config.model.overrides)
     args.update_from_config(job_config)
     return spec, args

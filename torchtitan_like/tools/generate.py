@@ -20,16 +20,22 @@ from pathlib import Path
 import torch
 
 from torchtitan_like.components.data.tokenizer import Tokenizer, build_tokenizer
-from torchtitan_like.components.hf_checkpoint import model_from_checkpoint, model_from_hf
+from torchtitan_like.components.hf_checkpoint import (
+    model_from_checkpoint,
+    model_from_hf,
+    overrides_from_cli,
+)
 from torchtitan_like.models.registry import get_model_spec
 
 
-def load_model(path: Path, model_name: str = "llama3",
-               flavor: str | None = None) -> tuple[torch.nn.Module, int]:
-    """(the full model in eval mode on CPU, its context length) from a DCP or HF folder."""
+def load_model(path: Path, model_name: str = "llama3", flavor: str | None = None,
+               overrides: dict[str, str] | None = None) -> tuple[torch.nn.Module, int]:
+    """(the full model in eval mode on CPU, its context length) from a DCP or HF folder;
+    ``overrides`` are the training job's [model] overrides (a DCP checkpoint records them)."""
     spec = get_model_spec(model_name)
     is_hf = (path / "config.json").is_file()
-    model, args = (model_from_hf if is_hf else model_from_checkpoint)(spec, path, flavor)
+    model, args = (model_from_hf if is_hf else model_from_checkpoint)(spec, path, flavor,
+                                                                      overrides)
     return model.eval(), args.max_seq_len
 
 
@@ -116,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default="llama3")
     parser.add_argument("--flavor", default=None, help="override the detected flavor")
+    parser.add_argument("--override", action="append", default=[], metavar="NAME=VALUE",
+                        help="a [model] overrides entry of the training job, e.g. "
+                        "moe.top_k=2 (repeatable)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (torchrun)")
     args = parser.parse_args(argv)
@@ -125,7 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer_path = args.tokenizer_path or (
         str(args.checkpoint) if (args.checkpoint / "tokenizer.json").is_file() else "")
     tokenizer = build_tokenizer(tokenizer_path)
-    model, max_seq_len = load_model(args.checkpoint, args.model, args.flavor)
+    try:
+        overrides = overrides_from_cli(args.override)
+    except ValueError as e:
+        parser.error(str(e))
+    model, max_seq_len = load_model(args.checkpoint, args.model, args.flavor, overrides)
     if args.tp > 1:
         from torchtitan_like.distributed.utils import init_distributed
 

@@ -40,7 +40,7 @@ from torchtitan_like.tools.planner import (
 SCHEDULES = ["1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
              "ZBVZeroBubble", "DualPipeV"]
 PINNABLE = ("tp", "cp", "pp", "dp_replicate", "dp_shard", "ac", "local_batch_size",
-            "pp_schedule", "compile", "float8", "async_tp")
+            "pp_schedule", "compile", "float8", "async_tp", "ep")
 """Layout flags that --search keeps when given."""
 KEPT_OPTIONS = ("local_batch_size", "loss_parallel", "reshard_after_forward", "cp_load_balancer",
                 "pp_embedding_weight", "pp_output_weight", "compile", "float8", "async_tp")
@@ -96,6 +96,8 @@ def _layout_flags(lay: argparse._ArgumentGroup) -> None:
     lay.add_argument("--tp", type=int, help="tensor parallel degree")
     lay.add_argument("--cp", type=int, help="context parallel degree")
     lay.add_argument("--pp", type=int, help="pipeline parallel degree")
+    lay.add_argument("--ep", type=int, help="expert parallel degree (MoE models; borrows "
+                     "dp_shard x cp x tp ranks)")
     lay.add_argument("--dp_replicate", type=int, help="HSDP replicas")
     lay.add_argument("--dp_shard", type=int, help="FSDP shard degree; -1 = the rest")
     lay.add_argument("--local_batch_size", type=int, help="sequences per microbatch (default 1)")
@@ -204,8 +206,10 @@ def _header(model: ModelShape, cluster: Cluster, work: Workload, args: argparse.
             ) -> list[str]:
     name = args.flavor or "from " + str(args.config)
     gpu = cluster.gpu
+    moe = (f", {_si(model.active_params)} active per token: {model.num_experts} routed experts "
+           f"top-{model.top_k} in {model.moe_layers} MoE blocks" if model.is_moe else "")
     return [
-        f"Model: {args.model} {name}, {_si(model.num_params)} parameters "
+        f"Model: {args.model} {name}, {_si(model.num_params)} parameters{moe} "
         f"({model.n_layers} layers, dim {model.dim}, {model.n_heads} heads, "
         f"{model.kv_heads} KV heads, FFN {model.ffn_hidden_dim}, vocab {model.vocab_size})",
         f"Cluster: {cluster.num_gpus} x {gpu.name} ({cluster.num_nodes} node(s) of "
@@ -255,7 +259,8 @@ def _time_lines(result: Plan) -> list[str]:
     lines += [
         f"Pipeline bubble: {result.bubble:.1%}" + (f" ({formula})" if formula else ""),
         f"Step time: {step.total:.3f} s = "
-        + " + ".join(f"{name} {value:.3f}" for name, value in step.parts().items())
+        + " + ".join(f"{name} {value:.3f}" for name, value in step.parts().items()
+                     if name != "ep" or result.layout.ep > 1)
         + " (compute parts, then exposed communication and bubble; docs/planner-throughput.md)",
         f"Throughput: {result.tokens_per_second_per_gpu:,.0f} tokens/s per GPU, MFU "
         f"{result.mfu_estimate:.1%} (model FLOPs over the bf16 peak)",
@@ -266,7 +271,7 @@ def _time_lines(result: Plan) -> list[str]:
 def _cost_lines(result: Plan, model: ModelShape, cluster: Cluster, work: Workload,
                 args: argparse.Namespace) -> list[str]:
     flops = work.tokens * result.flops_per_token
-    flops_6nd = 6 * model.num_params * work.tokens
+    flops_6nd = 6 * model.params_6nd * work.tokens
     days_6nd = result.days * result.gpu_hours_6nd / result.gpu_hours
     source = "given" if args.mfu is not None else "estimated"
     return [
@@ -305,7 +310,8 @@ def format_search(plans: list[Plan], model: ModelShape, cluster: Cluster, work: 
         "",
         f"Best {len(plans)} fitting layouts by predicted step time (the simpler first within "
         f"3%; each with the least activation checkpointing that fits; pinned: {pinned}):",
-        f"{'#':>2}  {'tp':>2} {'cp':>2} {'pp':>3} {'schedule':15} {'dp (rep x shard)':>17}  "
+        f"{'#':>2}  {'tp':>2} {'cp':>2} {'pp':>3}" + (f" {'ep':>3}" if model.is_moe else "")
+        + f" {'schedule':15} {'dp (rep x shard)':>17}  "
         f"{'ac':8} "
         f"{'GiB':>6}  {'bubble':>6}  {'tok/s/GPU':>9}  {'MFU':>6}  {'step s':>7}"
         + ("  days" if work.tokens else ""),
@@ -315,7 +321,9 @@ def format_search(plans: list[Plan], model: ModelShape, cluster: Cluster, work: 
         dp = f"{lay.dp_replicate} x {lay.dp_shard}"
         ac = "every " + lay.ac if lay.ac.isdigit() else lay.ac
         schedule = lay.pp_schedule if lay.pp > 1 else "-"
-        lines.append(f"{i:>2}  {lay.tp:>2} {lay.cp:>2} {lay.pp:>3} {schedule:15} {dp:>17}  {ac:8} "
+        ep = f" {lay.ep:>3}" if model.is_moe else ""
+        lines.append(f"{i:>2}  {lay.tp:>2} {lay.cp:>2} {lay.pp:>3}{ep} {schedule:15} {dp:>17}  "
+                     f"{ac:8} "
                      f"{r.memory.total / GiB:6.1f}  {r.bubble:6.1%}  "
                      f"{r.tokens_per_second_per_gpu:9,.0f}  {r.mfu_estimate:6.1%}  "
                      f"{r.step_seconds:7.2f}" + (f"  {r.days:.1f}" if work.tokens else ""))

@@ -275,7 +275,8 @@ class CheckpointManager:
             "step": step,
             "states": states,
             "dtype": dtype,
-            "model": {"name": self.config.model.name, "flavor": self.config.model.flavor},
+            "model": {"name": self.config.model.name, "flavor": self.config.model.flavor,
+                      "overrides": self.config.model.overrides},
             "world_size": self.world_size,
             "layout": {k: v for k, v in dataclasses.asdict(self.parallel_dims).items()
                        if k != "world_size"},

@@ -4,6 +4,8 @@ nothing is allocated.
 
     inputs.py         GPU presets (with their sourced matmul efficiency), cluster, workload,
                       layout, model shapes
+    moe.py            mixture-of-experts shapes (total vs active parameters) and the EP
+                      all-to-all volume
     rules.py          whether a layout can run: the trainer's own rules
                       (distributed/layout_rules.py) plus the cluster's
     schedule.py       pipeline stages, placement, schedule order, in-flight microbatches, bubble

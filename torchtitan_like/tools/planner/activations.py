@@ -20,6 +20,13 @@ compute dtype's bytes, times the tokens of a microbatch on this rank (b x s / cp
 selective checkpointing keeps the block input, the matmul/attention outputs and collective
 outputs; full checkpointing keeps the block input (and recomputes one block in backward);
 every-N checkpoints every N-th block of each pipeline stage.
+
+An MoE block (tools/planner/moe.py) keeps the same tensors with f the width of the experts one
+token runs (top_k routed + shared), plus 2 top_k h/t: the token copies the dispatch builds
+(sorted by expert, kept for the experts' weight gradients) and the k expert outputs kept for
+the weighted combine, over the share of blocks that are MoE blocks. Measured (scripts/
+validate_plan_memory.py --moe): 14-21% low without AC, from what is not counted: Qwen3's
+per-head q/k norms and the latent tensors of DeepSeek's multi-head latent attention.
 """
 
 from __future__ import annotations
@@ -44,6 +51,12 @@ def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, *, ac: str = "none",
     return sbh * (10 + (24 + scores) / tp)
 
 
+def routed_elements(m: ModelShape, tp: int) -> float:
+    """An average block's MoE tensors per token on one TP rank: the dispatched copies and the
+    expert outputs, top_k x dim each, over the share of blocks that are MoE blocks."""
+    return 2 * m.top_k * m.dim / tp * m.moe_share
+
+
 def layer_elements(m: ModelShape, ac: str, tp: int, fused_norm: bool) -> float:
     """Activation elements one block keeps per token of its input (see the module docstring);
     under op-level checkpointing: the block input, every matmul, attention and collective
@@ -51,10 +64,12 @@ def layer_elements(m: ModelShape, ac: str, tp: int, fused_norm: bool) -> float:
     h, q, kv, f, t = m.dim, m.q_dim, m.kv_heads * m.head_dim, m.ffn_hidden_dim, tp
     if ac == "full" or ac.isdigit():  # the checkpointed block keeps its input
         return h / t
+    routed = routed_elements(m, t)
     if ac == "op":
         gathered = 2 * h if t > 1 else 0  # all-gather outputs (SP) are saved collectives
         partial_sums = 2 * h if t > 1 else 0  # wo/w2 outputs before their reduce-scatter
         reduced = 2 * h / t  # wo/w2 outputs after it (plain matmul outputs without TP)
-        return h / t + gathered + (q + 2 * kv) / t + q / t + partial_sums + reduced + 2 * f / t
+        return (h / t + gathered + (q + 2 * kv) / t + q / t + partial_sums + reduced
+                + 2 * f / t + routed)
     norm = (1 if fused_norm else 2) * h / t + h
-    return 2 * norm + 4 * q / t + 4 * f / t
+    return 2 * norm + 4 * q / t + 4 * f / t + routed

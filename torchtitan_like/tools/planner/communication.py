@@ -6,9 +6,12 @@ reduce-scatters gradients; HSDP all-reduces the shard across replicas; TP with s
 parallelism all-gathers and reduce-scatters sbh twice per layer forward and twice backward
 (Korthikanti et al., 2022), again in a recomputed forward; CP passes K and V around the ring
 (and their gradients back); PP sends a microbatch's activations forward and its gradient back,
-once per model chunk. Each ring step also costs a hop latency (``HOP_LATENCY_S``). A group
-whose ranks fit in one node (the mesh is [pp, dp_replicate, dp_shard, cp, tp], TP innermost)
-uses the intra-node link. How much of each transfer the step
+once per model chunk; EP's all-to-alls dispatch and combine every MoE layer's routed tokens
+(tools/planner/moe.py: its formula), and FSDP gathers routed experts over the expert-FSDP ranks
+(efsdp = dp_shard x cp x tp / ep), 1/ep of them per GPU. Each ring step also costs a hop
+latency (``HOP_LATENCY_S``). A group whose ranks fit in one node (the mesh is [pp,
+dp_replicate, dp_shard, cp, tp], TP innermost) uses the intra-node link. How much of each
+transfer the step
 waits for is step_time.py's business.
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 from torchtitan_like.tools.planner.inputs import Cluster, Layout, ModelShape, Workload
+from torchtitan_like.tools.planner.moe import all_to_all_bytes, all_to_all_share
 from torchtitan_like.tools.planner.schedule import busiest_rank_layers, checkpointed, rank_layers
 
 HOP_LATENCY_S = {"intra-node": 5e-6, "inter-node": 15e-6}
@@ -59,7 +63,8 @@ def communication(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
     (FSDP: rank 0's stage with the embedding)."""
     prec, t, cp, pp = work.precision, layout.tp, layout.cp, layout.pp
     layers = busiest_rank_layers(m, layout)
-    local = (rank_layers(m, layout, 0) * m.block_params + m.embedding_params) / t
+    experts = rank_layers(m, layout, 0) * m.expert_block_params  # rank 0's routed experts
+    local = (rank_layers(m, layout, 0) * m.block_params - experts + m.embedding_params) / t
     tokens = layout.local_batch_size * work.seq_len  # per microbatch, before CP
     sbh = tokens * m.dim * prec.compute_bytes
     recomputed = sum(checkpointed(layout.ac, layers))
@@ -79,12 +84,32 @@ def communication(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
     n = layout.fsdp_degree
     syncs = 1 if pp > 1 else microbatches  # pipelined FSDP reduces once per step
     gathers = 1 if pp > 1 else microbatches * (2 if layout.reshard else 1)
-    fsdp = ring_volume(n, local * (gathers * prec.compute_bytes + syncs * prec.reduce_bytes))
+    per_param = gathers * prec.compute_bytes + syncs * prec.reduce_bytes
+    efsdp = n * t // layout.ep
+    fsdp = ring_volume(n, local * per_param) + ring_volume(efsdp, experts / layout.ep * per_param)
     units = layers + 2  # one FSDP unit per block, the embedding and the head
     add("fsdp", n, t * n, fsdp, units * (gathers + syncs) * (n - 1))
     r = layout.dp_replicate
     add("dp_replicate", r, t * n * r, syncs * 2 * ring_volume(r, local / n * prec.reduce_bytes),
         units * syncs * 2 * (r - 1))
+    _add_all_to_all(comms, m, cluster, work, layout, microbatches, layers)
     sends = microbatches * layout.stages_per_rank * 2
     add("pp", pp, cluster.num_gpus, sends * sbh / (t * cp), sends)
     return comms
+
+
+def _add_all_to_all(comms: list[Comm], m: ModelShape, cluster: Cluster, work: Workload,
+                    layout: Layout, microbatches: int, layers: int) -> None:
+    """EP's dispatch and combine on the busiest pipeline rank (moe.py): each TP rank routes
+    its 1/tp of the sequence-parallel tokens; one call per MoE layer and pass."""
+    if layout.ep == 1 or not m.is_moe:
+        return
+    tokens = layout.local_batch_size * work.seq_len / (layout.cp * layout.tp)
+    moe_layers = layers * m.moe_share
+    recomputed = sum(checkpointed(layout.ac, layers)) * m.moe_share
+    volume = all_to_all_bytes(tokens, m.top_k, m.dim, work.precision.compute_bytes,
+                              moe_layers, recomputed) * microbatches
+    _, share = all_to_all_share(layout.ep, cluster.gpus_per_node)
+    name, bandwidth = link(cluster, layout.ep)  # the EP ranks are consecutive (ETP 1)
+    calls = 2 * microbatches * (2 * moe_layers + recomputed)
+    comms.append(Comm("ep", layout.ep, name, bandwidth, volume * share, calls))

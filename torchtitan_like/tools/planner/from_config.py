@@ -76,7 +76,7 @@ def from_job_config(config: JobConfig, num_gpus: int) -> tuple[ModelShape, Workl
                     reshard_after_forward=reshard,
                     cp_load_balancer=p.context_parallel_load_balancer,
                     compile=compiled, float8=config.float8.enable,
-                    async_tp=p.enable_async_tensor_parallel)
+                    async_tp=p.enable_async_tensor_parallel, ep=dims.ep)
     workload = Workload(seq_len=t.seq_len, precision=_precision(config),
                         global_batch=layout_rules.global_batch(t.global_batch_size,
                                                                t.local_batch_size, dims.dp))

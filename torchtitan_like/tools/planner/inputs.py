@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Literal
 
 from torchtitan_like.components.metrics import GPU_PEAK_TFLOPS
 from torchtitan_like.distributed.fsdp import reshard_after_forward
+from torchtitan_like.tools.planner.moe import attention_fields, moe_fields
 
 if TYPE_CHECKING:
     from torchtitan_like.models.registry import BaseModelArgs
@@ -53,6 +54,12 @@ GPUS: dict[str, GPU] = {
     "A100": GPU("A100 SXM 80GB", 80.0, GPU_PEAK_TFLOPS["A100"], 300.0, 25.0,  # NVLink3, HDR
                 gemm_efficiency=0.859, hbm_tbps=2.04),
     "H100": GPU("H100 SXM 80GB", 79.6, GPU_PEAK_TFLOPS["H100"], 450.0, 50.0,  # NVLink4, NDR
+                gemm_efficiency=0.801, hbm_tbps=3.35, fp8_tflops=1979.0),
+    # H800 SXM: the H100 SXM's die and clocks (same bf16/fp8 peaks and HBM) with NVLink cut to
+    # 400 GB/s both ways (200 one way; NVIDIA H800 datasheet; DeepSeek-V3 report, section 3.1,
+    # measures about 160 GB/s) and 400 Gb/s InfiniBand per GPU (50 GB/s); its matmul efficiency
+    # is taken as the H100 SXM's (same die; no MAMF measurement of its own).
+    "H800": GPU("H800 SXM 80GB", 79.6, GPU_PEAK_TFLOPS["H800"], 200.0, 50.0,
                 gemm_efficiency=0.801, hbm_tbps=3.35, fp8_tflops=1979.0),
     "H200": GPU("H200 SXM 141GB", 140.4, GPU_PEAK_TFLOPS["H200"], 450.0, 50.0,
                 gemm_efficiency=0.803, hbm_tbps=4.8, fp8_tflops=1979.0),
@@ -135,6 +142,8 @@ class Layout:
     """The blocks' linear layers run Float8 GEMMs (torchao; the output head stays bf16)."""
     async_tp: bool = False
     """TP's collectives overlap the matmuls (needs compile)."""
+    ep: int = 1
+    """Expert parallel degree: borrows dp_shard x cp x tp ranks (MoE models only)."""
 
     @property
     def dp(self) -> int:
@@ -180,6 +189,7 @@ class Layout:
         dp = f"dp {self.dp_replicate}x{self.dp_shard}" if self.dp_replicate > 1 else \
             f"dp {self.dp_shard}"
         parts = [f"tp {self.tp}", f"cp {self.cp}", f"pp {self.pp}", dp]
+        parts += [f"ep {self.ep}"] if self.ep > 1 else []
         kernels = [name for name in ("compile", "float8", "async_tp") if getattr(self, name)]
         return (", ".join(parts) + f", mbs {self.local_batch_size}, ac {ac_label(self.ac)}"
                 + "".join(f", {name}" for name in kernels))
@@ -210,18 +220,31 @@ class ModelShape:
     tie_word_embeddings: bool
     num_params: int
     args: BaseModelArgs
+    moe_layers: int = 0
+    """Blocks whose feed-forward is a mixture of experts (tools/planner/moe.py)."""
+    num_experts: int = 0
+    """Routed experts per MoE block."""
+    top_k: int = 0
+    """Routed experts each token runs."""
+    expert_dim: int = 0
+    """Hidden width of one routed expert's SwiGLU."""
+    shared_experts: int = 0
+    """Experts every token runs beside its routed ones."""
+    active_params: int = 0
+    """Parameters one token's computation multiplies (0: all of them, a dense model)."""
 
     @classmethod
     def from_args(cls, args: BaseModelArgs) -> ModelShape:
         needed = ("n_layers", "dim", "n_heads", "head_dim", "kv_heads", "ffn_hidden_dim",
                   "vocab_size")
-        missing = [name for name in needed if not hasattr(args, name)]
+        fields = attention_fields(args)
+        missing = [n for n in needed if n not in fields and not hasattr(args, n)]
         if missing:
             raise ValueError(f"{type(args).__name__} lacks {', '.join(missing)}: the planner "
                              "needs a Llama-like decoder's shapes (see ModelShape)")
-        return cls(**{name: int(getattr(args, name)) for name in needed},
-                   tie_word_embeddings=bool(getattr(args, "tie_word_embeddings", False)),
-                   num_params=args.num_params(), args=args)
+        shapes = {n: fields.get(n, int(getattr(args, n, 0))) for n in needed}
+        return cls(**shapes, tie_word_embeddings=bool(getattr(args, "tie_word_embeddings", False)),
+                   num_params=args.num_params(), args=args, **moe_fields(args))
 
     @property
     def q_dim(self) -> int:
@@ -238,12 +261,47 @@ class ModelShape:
 
     @property
     def block_params(self) -> float:
+        """Parameters of an average block (MoE models: experts averaged over all blocks)."""
         return (self.num_params - self.embedding_params - self.head_params) / self.n_layers
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe_layers > 0
+
+    @property
+    def expert_block_params(self) -> float:
+        """Routed-expert parameters of an average block (num_experts x 3 x dim x width per
+        MoE block, spread over all blocks as ``block_params`` is)."""
+        return self.moe_layers * self.num_experts * 3 * self.dim * self.expert_dim \
+            / self.n_layers
+
+    def gathered_block_params(self, tp: int, ep: int) -> float:
+        """Parameters of a block FSDP gathers on one GPU: the dense ones split over TP, the
+        routed experts over EP (moe.py)."""
+        experts = self.expert_block_params
+        return (self.block_params - experts) / tp + experts / ep
+
+    @property
+    def moe_share(self) -> float:
+        """Share of the blocks that are MoE blocks."""
+        return self.moe_layers / self.n_layers
 
     def flops_per_token(self, seq_len: int) -> int:
         return self.args.flops_per_token(seq_len)
 
     def attention_flops_per_token(self, seq_len: int) -> int:
         """QK^T and AV, forward and backward, full (not causal-halved) scores: the part of
-        ``flops_per_token`` that is not a weight matmul (6 x 2 x layers x q_dim x seq_len)."""
-        return 12 * self.n_layers * self.q_dim * seq_len
+        ``flops_per_token`` that grows with the sequence (12 x layers x q_dim x seq_len for
+        Llama), i.e. all but the 6 FLOPs per active weight."""
+        return self.flops_per_token(seq_len) - self.flops_per_token(0)
+
+    @property
+    def params_6nd(self) -> int:
+        """N of C = 6ND: every parameter of a dense model, the active ones of an MoE (its cost
+        follows the weights a token multiplies: DeepSeek-V3's 6 x 37B x 14.8T)."""
+        return self.active_params if self.is_moe else self.num_params
+
+    @property
+    def matmul_params(self) -> float:
+        """Weights one token multiplies: the active ones (6 FLOPs each per token)."""
+        return self.flops_per_token(0) / 6

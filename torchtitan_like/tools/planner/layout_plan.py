@@ -1,7 +1,8 @@
 """One layout, planned: its memory per GPU, communication, step time, throughput and cost.
 
 Cost: GPU-hours = tokens x flops_per_token / (peak x MFU), with the given MFU or the step-time
-model's estimate; the 6ND figure beside it counts 6 FLOPs per parameter per token."""
+model's estimate; the 6ND figure beside it counts 6 FLOPs per parameter per token (per active
+parameter for an MoE model)."""
 
 from __future__ import annotations
 
@@ -125,7 +126,7 @@ def plan(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout, *,
         mfu_estimate=mfu_estimate,
         mfu=used,
         gpu_hours=gpu_hours,
-        gpu_hours_6nd=6 * m.num_params * work.tokens / (peak * used) / 3600,
+        gpu_hours_6nd=6 * m.params_6nd * work.tokens / (peak * used) / 3600,
         days=gpu_hours / cluster.num_gpus / 24,
         notes=_notes(layout, microbatches),
     )

@@ -88,16 +88,28 @@ class _Weights:
     gathered_loss: float = 0.0
     gathered_layer: float = 0.0
     unit_grads: float = 0.0
+    unsharded_grads: bool = False
+    """Gradients accumulate per gathered parameter (pipelined FSDP), not per shard."""
 
 
-def _weights(m: ModelShape, work: Workload, layout: Layout, local: float, has_last: bool
-             ) -> _Weights:
+def stage_gathered(m: ModelShape, layout: Layout, layers: int, first: bool, last: bool
+                   ) -> float:
+    """Parameters of one stage on one GPU once FSDP gathers them: ``stage_params``, with the
+    routed experts split over EP instead of TP (tools/planner/moe.py)."""
+    experts = layers * m.expert_block_params
+    return stage_params(m, layout.tp, layers, first, last) - experts / layout.tp \
+        + experts / layout.ep
+
+
+def _weights(m: ModelShape, work: Workload, layout: Layout, local: float, gathered: float,
+             has_last: bool) -> _Weights:
     """Weights in compute dtype beside the master copy, and unsharded gradients. Gradients
     accumulate per parameter from the first backward that reaches it: sharded, in the master
     dtype; but pipelined FSDP skips the reduce-scatter until the last microbatch, so there
-    they accumulate unsharded, in the reduce dtype."""
+    they accumulate unsharded, in the reduce dtype. ``local``: the stage's parameters on one
+    TP rank (sharded state: local / n, experts included, moe.py); ``gathered``: once gathered."""
     prec, cb, n = work.precision, work.precision.compute_bytes, layout.fsdp_degree
-    unit = m.block_params / layout.tp
+    unit = m.gathered_block_params(layout.tp, layout.ep)
     master = local / n * prec.master_bytes
     w = _Weights(master, master * prec.optimizer_states, prec.master_bytes / n)
     if layout.fsdp_enabled:
@@ -105,11 +117,12 @@ def _weights(m: ModelShape, work: Workload, layout: Layout, local: float, has_la
             w.gathered_layer = unit * cb
             w.gathered_loss = (m.head_params / layout.tp if has_last else unit) * cb
         else:
-            w.gathered_always = local * cb
+            w.gathered_always = gathered * cb
         # In backward a unit's gradients exist unsharded and again as the reduce-scatter
         # input (except under PP, see above).
         if layout.pp > 1:
             w.grad_bytes = prec.reduce_bytes
+            w.unsharded_grads = True
         else:
             w.unit_grads = unit * (cb + prec.reduce_bytes)
     elif cb != prec.master_bytes:  # autocast keeps compute-dtype weight casts
@@ -163,7 +176,9 @@ class _StageWalk:
         self.chunks = [(split[i], i == 0, i == len(split) - 1) for i in rank_stages(layout, stage)]
         t = layout.tp
         local = sum(stage_params(m, t, *chunk) for chunk in self.chunks)
-        self.w = _weights(m, work, layout, local, any(last for _, _, last in self.chunks))
+        gathered = sum(stage_gathered(m, layout, *chunk) for chunk in self.chunks)
+        self.w = _weights(m, work, layout, local, gathered,
+                          any(last for _, _, last in self.chunks))
         self.a = a = _activations(m, gpu, work, layout)
         self.multi = len(self.chunks) > 1
         self.per_schedule = layout.pp_microbatches or microbatches
@@ -172,7 +187,7 @@ class _StageWalk:
         # not count it again.
         self.buffers = sum((0 if first else a.edge) + (0 if last else a.edge)
                            for _, first, last in self.chunks) * self.per_schedule
-        self.block_grads = m.block_params / t * self.w.grad_bytes
+        self.block_grads = self._grad_params(1, False, False) * self.w.grad_bytes
         self.stored: list[list[float]] = []
         self.kept: list[float] = []
         self.grads: list[float] = []
@@ -182,7 +197,14 @@ class _StageWalk:
             output = a.head_kept if last else (0.0 if self.multi else a.edge)
             self.stored.append(stored)
             self.kept.append(sum(stored) + output - (0.0 if first else a.edge))
-            self.grads.append(stage_params(m, t, layers, first, last) * self.w.grad_bytes)
+            self.grads.append(self._grad_params(layers, first, last) * self.w.grad_bytes)
+
+    def _grad_params(self, layers: int, first: bool, last: bool) -> float:
+        """Parameters whose gradients this GPU holds for ``layers`` blocks (and the edges):
+        the gathered ones when they accumulate unsharded, else the TP-local ones."""
+        if self.w.unsharded_grads:
+            return stage_gathered(self.m, self.layout, layers, first, last)
+        return stage_params(self.m, self.layout.tp, layers, first, last)
 
     def _memory(self, gathered: float, gradients: float, activations: float, moment: str
                 ) -> Memory:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from torchtitan_like.models.llama3.args import llama3_flavors
+from torchtitan_like.models.registry import get_model_args, get_model_spec
 from torchtitan_like.tools.planner.inputs import GPUS, Cluster, GiB, Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.layout_plan import Plan, plan_fitting
 
 TORCHTITAN = ("TorchTitan docs/performance.md (Llama 3.1, torch/torchao/torchtitan of "
               "2024-12; H100 96 GB HBM2e at 500 W)")
 LLAMA3 = "Llama 3 Herd of Models (Meta, 2024), Table 4"
+DEEPSEEK_V3 = "DeepSeek-V3 Technical Report (DeepSeek-AI, 2024), sections 3.1-3.3 and Table 1"
 
 H100_96GB = dataclasses.replace(GPUS["H100"], name="H100 SXM 96GB HBM2e 500W", memory_gib=94.5,
                                 hbm_tbps=2.4, peak_tflops=912.0, fp8_tflops=1824.0)
@@ -40,6 +41,8 @@ class PublishedRun:
     """Published peak memory per GPU (0: not published)."""
     inputs: str = ""
     """What the source states (and what the row assumes where it does not)."""
+    model: str = "llama3"
+    """Registry name of the model (``flavor`` is one of its flavors)."""
     fitted: bool = False
     """A constant of the step-time model was fitted to this row (it tests nothing)."""
     miss: str = ""
@@ -60,15 +63,28 @@ def _tt(name: str, nodes: int, global_batch: int, layout: Layout, tps: float, me
                         **more)  # type: ignore[arg-type]
 
 
-_PP_MISS = ("predicted about 2x the published rate: the 405B runs reach 27-35% MFU where the "
-            "70B run reaches 40%; what costs the difference (per-microbatch FSDP traffic under "
-            "PP, schedule overheads) is not in the model")
+_PP_MISS = ("predicted 1.4-1.6x the published rate: both rows fit one effective compute "
+            "time of 22-26 s per step where the model has 16 s (the 1F1B/interleaved gap "
+            "is 1.28x published, 1.52x from the bubbles alone); the cost per microbatch the "
+            "model lacks (torch's blocking send/receive pairs of that version, which lock "
+            "neighbouring stages together; async TP hiding less than assumed) is not derived")
 
+
+DEEPSEEK_V3_TOKENS = 14.8e12
+DEEPSEEK_V3_GPU_HOURS = 2.664e6
+"""Pre-training: 14.8T tokens in 2.664M H800 GPU-hours (DeepSeek-V3 report, Table 1)."""
+_DEEPSEEK_MISS = ("predicted 0.6x the published rate: DualPipe hides each microbatch's "
+                  "all-to-all behind another's compute and node-limited routing deduplicates "
+                  "the copies sent to a node; this platform's schedules (torch runs "
+                  "DualPipeV's overlapped forward and backward one after the other) leave the "
+                  "all-to-all on the critical path, and the planner prices this platform")
 
 _8B = "seq 8192, local batch 2, selective (op) AC"
 _70B = "seq 8192, local batch 16 (one microbatch), full AC, compile, Float8"
-_405B = ("seq 8192, local batch 32 in microbatches of 1, full AC, compile, Float8, async TP; "
-         "interleaved: 2 stages per rank assumed (not stated)")
+_405B = ("seq 8192, local batch 32, full AC, compile, Float8, async TP; microbatches: "
+         "torchtitan's default at the benchmarked commit, one per stage (pp x stages per "
+         "rank: 8 of 4 sequences under 1F1B, 16 of 2 interleaved), 2 stages per rank (its "
+         "default split for multi-stage schedules)")
 
 
 def _fsdp8b(nodes: int, **options: bool) -> Layout:
@@ -77,8 +93,11 @@ def _fsdp8b(nodes: int, **options: bool) -> Layout:
 
 _70B_LAYOUT = Layout(dp_shard=32, tp=8, local_batch_size=16, ac="full", compile=True,
                      float8=True)
-_405B_LAYOUT = Layout(dp_shard=8, tp=8, pp=8, local_batch_size=1, ac="full", compile=True,
-                      float8=True, async_tp=True, pp_microbatches=32)
+_405B_LAYOUT = Layout(dp_shard=8, tp=8, pp=8, local_batch_size=4, ac="full", compile=True,
+                      float8=True, async_tp=True)
+"""torchtitan (9dec370, torchtitan/parallelisms/pipelining_utils.py: build_pipeline_schedule)
+splits the local batch into pp x stages-per-rank microbatches unless told otherwise, and
+generate_split_points gives multi-stage schedules 2 stages per rank."""
 
 PUBLISHED_RUNS: list[PublishedRun] = [
     _tt("8B, 8 GPUs, FSDP", 1, 16, _fsdp8b(1), 5762, 82.4, _8B, fitted=True),
@@ -96,7 +115,8 @@ PUBLISHED_RUNS: list[PublishedRun] = [
     _tt("405B, 512 GPUs, FSDP 8 x TP 8 x PP 8, 1F1B", 64, 256, _405B_LAYOUT, 100, 82.5,
         _405B, "405B", miss=_PP_MISS),
     _tt("405B, 512 GPUs, FSDP 8 x TP 8 x PP 8, interleaved 1F1B", 64, 256,
-        dataclasses.replace(_405B_LAYOUT, pp_schedule="Interleaved1F1B"), 128, 72.7,
+        dataclasses.replace(_405B_LAYOUT, pp_schedule="Interleaved1F1B", local_batch_size=2),
+        128, 72.7,
         _405B, "405B", miss=_PP_MISS),
     PublishedRun("Llama 3 405B, 16,384 GPUs, TP 8 x PP 16 x DP 128", LLAMA3, "405B",
                  Cluster(GPUS["H100"], 8, 2048), Workload(seq_len=8192, global_batch=2048),
@@ -109,6 +129,19 @@ PUBLISHED_RUNS: list[PublishedRun] = [
                  miss="predicted 29% MFU against 41%: the run's AC, virtual stages and kernels "
                  "are not published, and the assumed ones (full AC, 2 stages per rank) cost "
                  "recomputation and bubble the real run may not have paid"),
+    PublishedRun("DeepSeek-V3 671B, 2,048 H800, PP 16 x EP 64, no TP", DEEPSEEK_V3, "671B",
+                 Cluster(GPUS["H800"], 8, 256), Workload(seq_len=4096, global_batch=15360),
+                 Layout(pp=16, dp_shard=128, ep=64, local_batch_size=1, ac="op", float8=True,
+                        pp_schedule="DualPipeV"),
+                 tokens_per_second_per_gpu=DEEPSEEK_V3_TOKENS / (DEEPSEEK_V3_GPU_HOURS * 3600),
+                 model="deepseek_v3",
+                 inputs="seq 4096, global batch 15360 sequences (its value after the first 469B "
+                 "tokens), PP 16 (DualPipe: 2 chunks per rank, timed as DualPipeV) x EP 64 "
+                 "over 8 nodes, ZeRO-1 data parallelism (modelled as FSDP: same time, less "
+                 "memory), no TP, FP8 GEMMs (as Float8), RMSNorm and MLA up-projections "
+                 "recomputed (as op-level AC); microbatch size not stated: 1 sequence "
+                 "assumed; published: 14.8T tokens in 2.664M H800 GPU-hours",
+                 miss=_DEEPSEEK_MISS),
 ]
 
 
@@ -131,7 +164,7 @@ class Comparison:
 
 def compare(run: PublishedRun) -> Comparison:
     """The planner's prediction for ``run``'s model, cluster, workload and layout."""
-    model = ModelShape.from_args(llama3_flavors[run.flavor])
+    model = ModelShape.from_args(get_model_args(get_model_spec(run.model), run.flavor))
     return Comparison(run, plan_fitting(model, run.cluster, run.work, run.layout))
 
 

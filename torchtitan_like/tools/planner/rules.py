@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed import layout_rules as rules
+from torchtitan_like.distributed.expert_layout import validate_expert_layout
+from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.pipeline import is_single_stage
 from torchtitan_like.tools.planner.inputs import (
     Cluster,
@@ -48,4 +50,7 @@ def _trainer_rules(m: ModelShape, work: Workload, layout: Layout) -> int:
     rules.check_tensor_parallel_shapes(t, m.n_heads, m.kv_heads, m.vocab_size, "the model")
     if layout.pp > 1:
         rules.check_stage_count(m.n_layers, layout.pp * layout.stages_per_rank)
+    dims = ParallelDims(pp=layout.pp, dp_replicate=layout.dp_replicate, dp_shard=layout.dp_shard,
+                        cp=layout.cp, tp=t, world_size=layout.num_gpus, ep=layout.ep)
+    validate_expert_layout(dims, m.num_experts)
     return steps * per_schedule

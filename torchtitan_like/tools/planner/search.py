@@ -4,7 +4,9 @@ first when two are within ``SIMPLER_WITHIN`` of each other, each with why it bea
 
 Free degrees range over powers of two: TP within a node (the trainer warns past it, and its
 per-layer collectives would cross the network), CP up to 16 (only when nothing fits without
-it), PP up to 64; FSDP takes the rest of the ranks, or HSDP with one shard group per node.
+it), PP up to 64; FSDP takes the rest of the ranks, or HSDP with one shard group per node;
+for an MoE model, EP over the powers of two that divide both its routed experts and the ranks
+it borrows (dp_shard x cp x tp).
 A pinned degree or option (``pins``: any ``Layout`` field, e.g. ``{"tp": 8, "cp": 1,
 "float8": True}``) is never changed; an unpinned pipeline schedule is 1F1B or Interleaved1F1B.
 """
@@ -29,16 +31,26 @@ from torchtitan_like.tools.planner.layout_plan import Plan, plan_fitting
 SIMPLER_WITHIN = 0.03
 """Predicted step times this close (relative) count as a tie, broken by simplicity."""
 
-DEGREES = ("tp", "cp", "pp", "dp_replicate", "dp_shard")
+DEGREES = ("tp", "cp", "pp", "dp_replicate", "dp_shard", "ep")
 
 
 def _powers_of_two(limit: int) -> list[int]:
     return [2**i for i in range(int(math.log2(limit)) + 1)] if limit >= 1 else [1]
 
 
-def candidates(cluster: Cluster, pins: dict[str, Any]) -> Iterator[Layout]:
+def _expert_degrees(num_experts: int, borrowed: int, pins: dict[str, Any]) -> list[int]:
+    """EP degrees to try: the pinned one, else 1 and every power of two dividing both the
+    routed experts and the borrowed ranks (none but 1 for a dense model)."""
+    if "ep" in pins:
+        return [pins["ep"]]
+    return [ep for ep in _powers_of_two(num_experts or 1)
+            if num_experts % ep == 0 and borrowed % ep == 0]
+
+
+def candidates(cluster: Cluster, pins: dict[str, Any], num_experts: int = 0
+               ) -> Iterator[Layout]:
     """Every layout of the cluster's GPUs that keeps the pinned fields (ac "auto" unless
-    pinned)."""
+    pinned); ``num_experts``: the model's routed experts per MoE block (0: dense)."""
     n = cluster.num_gpus
     options = {k: v for k, v in pins.items() if k not in DEGREES}
     options.setdefault("ac", "auto")
@@ -61,15 +73,16 @@ def candidates(cluster: Cluster, pins: dict[str, Any]) -> Iterator[Layout]:
         schedules = [pinned_schedule] if pinned_schedule else \
             ["1F1B"] if pp == 1 else ["1F1B", "Interleaved1F1B"]
         for dp_shard, schedule in itertools.product(sorted(shards), schedules):
-            yield Layout(dp_replicate=dp // dp_shard, dp_shard=dp_shard, cp=cp, tp=tp, pp=pp,
-                         pp_schedule=schedule, **options)
+            for ep in _expert_degrees(num_experts, dp_shard * cp * tp, pins):
+                yield Layout(dp_replicate=dp // dp_shard, dp_shard=dp_shard, cp=cp, tp=tp,
+                             pp=pp, pp_schedule=schedule, ep=ep, **options)
 
 
 def complexity(layout: Layout) -> tuple[int, ...]:
-    """Fewer parallel dimensions first, then less pipelining, CP, TP and recomputation."""
-    used = sum(d > 1 for d in (layout.tp, layout.cp, layout.pp, layout.dp_replicate))
+    """Fewer parallel dimensions first, then less pipelining, CP, TP, EP and recomputation."""
+    used = sum(d > 1 for d in (layout.tp, layout.cp, layout.pp, layout.dp_replicate, layout.ep))
     ac = {"none": 0, "op": 1, "full": 99}.get(layout.ac, 0)
-    return (used, layout.pp, layout.cp, layout.tp, ac if not layout.ac.isdigit() else
+    return (used, layout.pp, layout.cp, layout.tp, layout.ep, ac if not layout.ac.isdigit() else
             100 // int(layout.ac))
 
 
@@ -102,7 +115,7 @@ def search(m: ModelShape, cluster: Cluster, work: Workload, *, pins: dict[str, A
 def _fitting(m: ModelShape, cluster: Cluster, work: Workload, pins: dict[str, Any],
              kwargs: dict[str, Any]) -> list[Plan]:
     plans = []
-    for layout in candidates(cluster, pins):
+    for layout in candidates(cluster, pins, m.num_experts):
         try:
             result = plan_fitting(m, cluster, work, layout, **kwargs)
         except LayoutError:

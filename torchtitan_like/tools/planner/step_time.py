@@ -18,9 +18,14 @@
                 (1/tp of it) or what exceeds the gemm time exposed
     cp          the ring's K/V exchange overlaps the attention it feeds: only the excess
     fsdp        FSDP/HSDP all-gathers and reduce-scatters overlap compute up to its length;
-                the first unit's gather and the last unit's reduce-scatter are always exposed
+                the first unit's gather and the last unit's reduce-scatter are always exposed;
+                under PP the reductions run after the stage's last backward: all exposed
     pp          point-to-point activation transfers (exposed)
-    bubble      (compute + tp + cp) x b / (1 - b), b from schedule.bubble_fraction
+    bubble      (compute + tp + cp + ep) x b / (1 - b), b from schedule.bubble_fraction
+    ep          MoE all-to-all dispatch and combine (moe.py: its volume): on the critical
+                path, as TP's collectives, since the experts wait for their tokens and the
+                next block for the combined output (no schedule here overlaps them with
+                another microbatch's compute, as DeepSeek's DualPipe does)
 
 MEMORY_BOUND_PASSES (eager and compiled) and FLOAT8_GEMM_EFFICIENCY are the model's only
 fitted numbers, each fitted to one published run (Table 1 of TorchTitan's performance docs,
@@ -31,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from torchtitan_like.tools.planner.activations import layer_elements
+from torchtitan_like.tools.planner.activations import layer_elements, routed_elements
 from torchtitan_like.tools.planner.communication import Comm
 from torchtitan_like.tools.planner.inputs import Cluster, Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.schedule import (
@@ -71,6 +76,7 @@ class StepTime:
     fsdp: float
     pp: float
     bubble: float
+    ep: float = 0.0
 
     @property
     def compute(self) -> float:
@@ -84,12 +90,19 @@ class StepTime:
         return dataclasses.asdict(self)
 
 
+ROUTED_PASSES = 8
+"""Times an MoE block's routed token copies (top_k x dim per token) cross HBM: the dispatch
+reads each token and writes its copies sorted by expert, the combine reads the expert outputs
+and writes their weighted sum (2 x read + write), and the backward does both again."""
+
+
 def _elementwise_elements(m: ModelShape, tp: int, fused_norm: bool) -> float:
     """Activation elements per token a block's memory-bound kernels produce on one TP rank:
     those it keeps without AC, less the all-gathered matmul inputs of sequence parallelism
-    (NCCL writes them; the norms before them produce h/tp)."""
+    (NCCL writes them; the norms before them produce h/tp) and the routed copies of an MoE
+    block (timed apart: ``ROUTED_PASSES``)."""
     gathered = 2 * (m.dim - m.dim / tp)
-    return layer_elements(m, "none", tp, fused_norm) - gathered
+    return layer_elements(m, "none", tp, fused_norm) - gathered - routed_elements(m, tp)
 
 
 def compute_times(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout
@@ -111,14 +124,34 @@ def compute_times(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
     gemm *= imbalance
     attention = tokens * attention_model / 2 / (gpu.peak_tflops * 1e12 * ATTENTION_EFFICIENCY)
     passes = MEMORY_BOUND_PASSES["compiled" if layout.compile else "eager"]
-    elements = _elementwise_elements(m, layout.tp, gpu.fused_rms_norm) * m.n_layers / layout.pp
+    crossings = (_elementwise_elements(m, layout.tp, gpu.fused_rms_norm) * passes
+                 + routed_elements(m, layout.tp) / 2 * ROUTED_PASSES) * m.n_layers / layout.pp
     attention *= imbalance
-    memory_bound = local_tokens * elements * work.precision.compute_bytes * passes \
+    memory_bound = local_tokens * crossings * work.precision.compute_bytes \
         / (gpu.hbm_tbps * 1e12) * imbalance
     share = sum(checkpointed(layout.ac, m.n_layers)) / m.n_layers
     block_gemm = gemm * (1 - head_flops / gemm_flops)  # (the head is on one stage: approx.)
     recompute = share * (block_gemm + attention + memory_bound) / 3
     return gemm, attention, memory_bound, recompute
+
+
+def _exposed_data_parallel(m: ModelShape, work: Workload, layout: Layout,
+                           seconds: dict[str, float], compute: float, microbatches: int) -> float:
+    """FSDP/HSDP seconds the step waits for. Gathers and reductions overlap compute up to its
+    length, and the first unit's gather and the last unit's reduction are always exposed.
+    Under PP, torch.distributed.pipelining runs every unit's reduce-scatter (and HSDP's
+    all-reduce) after the stage's last backward (``perform_reduce_grad``: FSDP's post_backward
+    for all of them at once, then waiting for them), so the reduction is exposed whole."""
+    data = seconds.get("fsdp", 0.0) + seconds.get("dp_replicate", 0.0)
+    units = rank_layers(m, layout, 0) + 2  # blocks, embedding, head: one FSDP unit each
+    if layout.pp == 1:
+        return max(0.0, data - compute) + data / units / max(1, microbatches)
+    prec = work.precision  # under PP the stage gathers once and reduces once per step
+    reduce = seconds.get("fsdp", 0.0) * prec.reduce_bytes / (prec.compute_bytes
+                                                              + prec.reduce_bytes)
+    reduce += seconds.get("dp_replicate", 0.0)
+    gather = data - reduce
+    return reduce + max(0.0, gather - compute) + gather / units
 
 
 def estimate_step_time(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout,
@@ -131,12 +164,11 @@ def estimate_step_time(m: ModelShape, cluster: Cluster, work: Workload, layout: 
     if layout.async_tp:
         tp = max(tp / layout.tp, tp - gemm)
     cp = max(0.0, seconds.get("cp", 0.0) - attention)
-    data = seconds.get("fsdp", 0.0) + seconds.get("dp_replicate", 0.0)
-    units = rank_layers(m, layout, 0) + 2  # blocks, embedding, head: one FSDP unit each
-    fsdp = max(0.0, data - compute) + data / units / max(1, microbatches)
+    ep = seconds.get("ep", 0.0)
+    fsdp = _exposed_data_parallel(m, work, layout, seconds, compute, microbatches)
     b = bubble_fraction(layout.pp, microbatches, layout.modelled_schedule,
                         layout.stages_per_rank)
-    bubble = (compute + tp + cp) * b / (1 - b)
+    bubble = (compute + tp + cp + ep) * b / (1 - b)
     return StepTime(gemm=gemm, attention=attention, memory_bound=memory_bound,
                     recompute=recompute, tp=tp, cp=cp, fsdp=fsdp, pp=seconds.get("pp", 0.0),
-                    bubble=bubble)
+                    bubble=bubble, ep=ep)
