@@ -55,6 +55,7 @@ def runs(corpus, tmp_path_factory):
                           "--parallelism.expert_parallel_degree", "2"],
         # CP 2 x FSDP 2, EP 2 borrowing from both: an all-to-all partner may be the rank
         # holding the other half of the same sequences; experts FSDP-sharded over 2 ranks
+        # (measured 4.8e-7, default and avx2 kernels)
         "moe_cp2_ep2": [*MOE, *CP2, "--parallelism.expert_parallel_degree", "2"],
         # compiled blocks (q/k norms inside) under FSDP 4: fused kernels reorder fp32 sums
         "dense_fsdp4_compile": [*DENSE, "--training.local_batch_size", "1",
