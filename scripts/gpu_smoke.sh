@@ -6,7 +6,8 @@
 # One GPU (under 10 minutes on one H100-class GPU, estimated; not yet run): preflight; a baseline
 # run with MFU from the GPU table; bf16 + compile + op SAC + float8 tensorwise + profiler + memory
 # snapshot + pinned async checkpoints; resume from them; float8 rowwise (SM 8.9+); bench.py; each
-# CUDA SDPA backend (the kernels CP's ring attention runs) against the math backend.
+# CUDA SDPA backend (the kernels CP's ring attention runs) against the math backend; document
+# masking's FlexAttention against dense SDPA, and a compiled block_causal run.
 # More than one GPU adds, on 2 of them: FSDP, TP + float8, async TP (compiled), CP, PP.
 # (Async TP and CP need a TP/CP group of two ranks, and NCCL cannot put two ranks on one GPU, so
 # they run only there.) Stops at the first failed check, printing its log's tail; always prints
@@ -93,6 +94,9 @@ else
 fi
 check bench "$PYTHON" scripts/bench.py --steps 3 --warmup 2
 check sdpa-backends "$PYTHON" scripts/gpu_smoke_checks.py sdpa
+check block-causal-flex "$PYTHON" scripts/gpu_smoke_checks.py block_causal
+check block-causal train 1 block_causal --model.attn_mask_type=block_causal \
+  --training.mixed_precision_param=bfloat16 --compile.enable=true
 
 # --- two GPUs ---
 if [[ "$ngpu" -ge 2 ]]; then

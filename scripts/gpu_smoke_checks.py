@@ -7,6 +7,10 @@
         each CUDA SDPA backend (flash, efficient, cuDNN) forward + backward in bf16, causal,
         against the math backend; bf16 rounds each output to 8 bits of mantissa, so the bound is
         a few units of bf16's epsilon (2^-8) on O(1) values: 2e-2
+    python scripts/gpu_smoke_checks.py block_causal
+        document masking's CUDA path (models/attention_masks.py): FlexAttention with the
+        block-causal BlockMask, forward + backward in bf16, against fp32 SDPA with the same
+        mask as a dense boolean tensor; the same bound, 2e-2
 Exit 1 with one line saying what failed.
 """
 
@@ -63,6 +67,36 @@ def check_sdpa() -> str:
     return ", ".join(done)
 
 
+def check_block_causal() -> str:
+    import torch
+    from torch.nn.attention.flex_attention import BlockMask
+
+    from torchtitan_like.models.attention_masks import (
+        attention,
+        build_mask,
+        dense_block_causal_mask,
+        document_ids,
+    )
+
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 64, (2, 512), device="cuda")  # id 0 as EOS: ~8 documents a row
+    ids = document_ids(tokens, eos_id=0)
+    mask = build_mask(ids)
+    if not isinstance(mask, BlockMask):
+        raise AssertionError(f"build_mask on CUDA gave {type(mask).__name__}, not a BlockMask")
+    q, k, v = (torch.randn(2, 8, 512, 64, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+    flex = attention(q, k, v, mask)
+    got = [flex.float(), *(g.float() for g in torch.autograd.grad(flex.sum(), (q, k, v)))]
+    dense = attention(q.float(), k.float(), v.float(), dense_block_causal_mask(ids))
+    reference = [dense, *torch.autograd.grad(dense.sum(), (q, k, v))]
+    error = max((a - b.float()).abs().max().item() / max(1.0, b.float().abs().max().item())
+                for a, b in zip(got, reference, strict=True))
+    if error > 2e-2:
+        raise AssertionError(f"FlexAttention block_causal: relative error {error:.3g} > 2e-2")
+    return f"FlexAttention block_causal vs dense SDPA {error:.1e}, {int(ids.max()) + 1} documents"
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="check", required=True)
@@ -71,10 +105,11 @@ def main(argv: list[str]) -> None:
     metrics.add_argument("--mfu", action="store_true")
     metrics.add_argument("--steps", type=int)
     sub.add_parser("sdpa")
+    sub.add_parser("block_causal")
     args = parser.parse_args(argv)
     try:
         result = (check_metrics(args.folder, args.mfu, args.steps) if args.check == "metrics"
-                  else check_sdpa())
+                  else check_sdpa() if args.check == "sdpa" else check_block_causal())
     except (AssertionError, OSError, ValueError, KeyError) as e:
         print(f"{args.check}: {e}", file=sys.stderr)
         sys.exit(1)

@@ -40,6 +40,7 @@ from torchtitan_like.distributed.compile import maybe_compile_loss, set_inductor
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.plan_check import check_plan_applied
 from torchtitan_like.logging import init_logger, logger
+from torchtitan_like.models import attention_masks
 from torchtitan_like.models.registry import model_spec_and_args
 from torchtitan_like.validate import grad_accumulation_steps, parse_args
 
@@ -58,6 +59,8 @@ class Trainer:
 
     - ``post_dataloading_process(inputs, labels)``: a microbatch right after loading, before
       the labelled tokens are counted (e.g. mask labels, build extra inputs);
+    - ``model_inputs(inputs)``: the model's keyword inputs beside the tokens (default: the
+      document ids under block-causal attention), handed to every pipeline stage;
     - ``forward_backward(inputs, labels, global_tokens)``: forward and backward of one
       microbatch (one schedule step under PP), returning its share of the step's loss;
     - ``train_step(microbatches)``: a whole optimizer step.
@@ -186,17 +189,24 @@ class Trainer:
         """One loaded microbatch (on the CPU), as the step will use it; the default keeps it."""
         return inputs, labels
 
+    def model_inputs(self, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The model's keyword inputs beside the tokens (the document ids under
+        ``[model] attn_mask_type = "block_causal"``), passed to every pipeline stage."""
+        return attention_masks.model_inputs(inputs, self.config.model.attn_mask_type,
+                                            self.tokenizer.eos_id)
+
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor,
                          global_tokens: torch.Tensor) -> torch.Tensor:
         """One microbatch (one schedule step under PP); returns its share of the step's global
         mean loss (under PP: on the last stage, 0 on the other ranks)."""
+        extra = self.model_inputs(inputs)
         if self.pipeline is not None:  # the schedule runs forward and backward of every stage
             with self.train_context(inputs, labels), self.autocast:
-                return self.pipeline.forward_backward(inputs, labels, global_tokens)
+                return self.pipeline.forward_backward(inputs, labels, global_tokens, **extra)
         (model,) = self.model_parts
         with self.train_context(inputs, labels):  # under CP: shards inputs and labels in place
             with self.autocast, self.step_hooks.recording():
-                loss = self.loss_fn(model(inputs), labels) / global_tokens
+                loss = self.loss_fn(model(inputs, **extra), labels) / global_tokens
             loss.backward()
         return loss.detach()
 
@@ -246,9 +256,11 @@ class Trainer:
         for inputs, labels in itertools.islice(batches, self.config.validation.steps):
             inputs, labels = inputs.to(self.device), labels.to(self.device)
             tokens += count_labelled_tokens(labels)  # before CP shards the labels
+            extra = self.model_inputs(inputs)
             with self.train_context(inputs, labels), self.autocast:
-                loss_sum += (self.pipeline.loss_sum(inputs, labels) if self.pipeline is not None
-                             else self.loss_fn(self.model_parts[0](inputs), labels))
+                loss_sum += (self.pipeline.loss_sum(inputs, labels, **extra)
+                             if self.pipeline is not None
+                             else self.loss_fn(self.model_parts[0](inputs, **extra), labels))
         for part in self.model_parts:
             part.train()
         loss_sum = self.global_sum(loss_sum)

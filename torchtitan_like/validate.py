@@ -36,6 +36,7 @@ from torchtitan_like.distributed.layout_rules import accumulation_steps
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.pipeline import validate_pipeline
 from torchtitan_like.distributed.utils import device_type
+from torchtitan_like.models.attention_masks import check_attn_mask_type
 from torchtitan_like.models.registry import check_supported_dims, model_spec_and_args
 
 
@@ -79,6 +80,7 @@ def validate(config: JobConfig, world_size: int) -> None:
     tensor_parallel.validate(config, parallel_dims)
     spec, args = model_spec_and_args(config)
     check_supported_dims(spec, config)
+    check_attn_mask_type(spec, config.model.attn_mask_type)
     validate_expert_layout(parallel_dims, args.num_routed_experts())
     context_parallel.validate(config, parallel_dims, spec.context_parallel_buffers is not None)
     if parallel_dims.pp > 1:

@@ -11,6 +11,15 @@ the loss by > 1e-3.
 Checkpoints move between EP degrees: one process's step-1 checkpoint resumed under EP=2, and
 EP=2's under one process, continue with the reference's losses within the same 1e-5.
 
+Tensor parallelism (TP=2, ETP=TP, EP=1, case ``tp2_etp2``; with EP=2 on the dp_shard pair,
+``tp2_ep2_etp2``) runs multi-head latent attention split by heads and every expert split by
+hidden features (distributed/local_tp.py). Each rank
+computes a slice of the same terms (per head; per expert-hidden feature) and the slices are
+summed by the reduce-scatters, the replicated weights' gradients by all-reduces: fp32 terms
+summed in another order, class (b) of tests/harness.py, FP32_PARITY_TOL = 1e-5 (measured
+1.4e-6 on these losses). Every rank routes every token from the same replicated gate, so the
+token counts, and hence the bias, stay identical to one process.
+
 Per-block compile (on one process, and under EP=2) compiles each MoE block's attention, router
 and shared experts and leaves the routing glue, the all-to-alls and the routed experts eager
 (distributed/compile.py): the same ops as eager, with inductor's fused kernels free to reorder
@@ -54,10 +63,17 @@ TWO = {
     "ep2_ac_op": ep(2, "--activation_checkpoint.mode", "selective"),
     "ep2_from_one": ep(2, *SAVE),  # resumes the one-process step-1 checkpoint
     "ep2_aux": [*ep(2), "--model.flavor", "debugmodel_aux"],  # aux loss on, no bias
+    # TP 2 (EP 1): MLA split by heads, every expert by hidden features (ETP = TP)
+    "tp2_etp2": [*MOE, "--parallelism.tensor_parallel_degree", "2",
+                 "--parallelism.expert_tensor_parallel_degree", "2", "--training.local_batch_size",
+                 "4"],
 }
 FOUR = {
     "hsdp_2x2_ep2": ep(2, "--parallelism.data_parallel_replicate_degree", "2", *LOCAL1),
     "fsdp4_ep2": ep(2, *LOCAL1),  # experts FSDP-sharded over the 2 ranks that share them
+    # TP 2 x EP 2 (ETP = TP): experts on the (ep, etp) mesh, EP over the dp_shard pair
+    "tp2_ep2_etp2": ep(2, "--parallelism.tensor_parallel_degree", "2",
+                       "--parallelism.expert_tensor_parallel_degree", "2"),
     "pp2_ep2": ep(2, "--parallelism.pipeline_parallel_degree", "2",  # 1F1B, 2 microbatches
                   "--parallelism.pipeline_parallel_microbatch_size", "1"),
 }

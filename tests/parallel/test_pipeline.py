@@ -11,6 +11,13 @@ The validation loss (the schedule's forward-only path) is compared as well.
 One torchrun launch per world size; each case is one line of ``LAYOUTS``. Tensor parallelism
 composes through the same plan (PP x TP on 4 processes), and the 3-D layout PP x TP x FSDP,
 2 x 2 x 2, is the smallest there is: 8 processes on this machine's 2 cores, kept to one case.
+
+Document masking (``[model] attn_mask_type = "block_causal"``) rides in the same launches: PP=2,
+where later stages get the document ids beside their activations, and FSDP=2 and TP=2 (attention
+sees the whole sequence after the sequence-parallel all-gather), each against one process with
+the same mask. Same kernels (SDPA with the explicit mask in every layout), sums reordered as
+above: class (b), FP32_PARITY_TOL. The masked reference must differ from the causal one by far
+more than that, or the corpus' samples held no document boundary and the cases proved nothing.
 """
 
 import pytest
@@ -27,6 +34,8 @@ PP2 = ["--parallelism.pipeline_parallel_degree=2", "--training.local_batch_size=
 # With 2 data-parallel replicas, 2 sequences per rank: 2 microbatches per schedule step.
 PP2_DP2 = [*PP2, "--training.local_batch_size=2"]
 TP2 = "--parallelism.tensor_parallel_degree=2"
+BLOCK_CAUSAL = ["--model.attn_mask_type=block_causal", "--training.local_batch_size=4",
+                *VALIDATION]
 
 
 def schedule(name: str) -> str:
@@ -34,7 +43,8 @@ def schedule(name: str) -> str:
 
 
 LAYOUTS: dict[int, dict[str, list[str]]] = {
-    1: {"reference": ["--training.local_batch_size=4", *VALIDATION]},
+    1: {"reference": ["--training.local_batch_size=4", *VALIDATION],
+        "block_causal_reference": BLOCK_CAUSAL},
     2: {
         **{f"pp2_{name}": [*PP2, schedule(name)] for name in SCHEDULES},
         # 2 schedule steps of 2 microbatches accumulate into one optimizer step (validation
@@ -46,6 +56,9 @@ LAYOUTS: dict[int, dict[str, list[str]]] = {
         # An uneven explicit split: 1 layer, then 3 layers and the head.
         "pp2_explicit_split": [*PP2, "--parallelism.pipeline_parallel_module_fqns_per_stage="
                                "tok_embeddings layers.0,layers.1 layers.2 layers.3 norm output"],
+        "block_causal_pp2": [*PP2, *BLOCK_CAUSAL],
+        "block_causal_fsdp2": [*BLOCK_CAUSAL, "--training.local_batch_size=2"],
+        "block_causal_tp2": [*BLOCK_CAUSAL, TP2],
     },
     4: {
         "pp2_fsdp2": PP2_DP2,
@@ -68,10 +81,16 @@ def validation_losses(records: list[dict]) -> list[float]:
 
 @pytest.mark.parametrize("case", [c for n, cases in LAYOUTS.items() if n > 1 for c in cases])
 def test_matches_one_process(runs, case):
+    reference = runs["block_causal_reference" if case.startswith("block_causal") else "reference"]
     assert len(losses(runs[case])) == 5
-    assert_close(losses(runs[case]), losses(runs["reference"]), TOL)
+    assert_close(losses(runs[case]), losses(reference), TOL)
     assert len(validation_losses(runs[case])) == 2  # after steps 3 and 5: eval, then train on
-    assert_close(validation_losses(runs[case]), validation_losses(runs["reference"]), TOL)
+    assert_close(validation_losses(runs[case]), validation_losses(reference), TOL)
+
+
+def test_block_causal_masking_changes_the_run(runs):
+    masked, causal = losses(runs["block_causal_reference"]), losses(runs["reference"])
+    assert max(abs(m - c) for m, c in zip(masked, causal, strict=True)) > 100 * TOL
 
 
 def test_rank0_reports_the_last_stage_metrics(runs):

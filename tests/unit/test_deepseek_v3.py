@@ -82,8 +82,14 @@ def test_yarn_applies_only_beyond_the_original_context():
 
 def test_unsupported_layouts_are_refused_at_start_up():
     base = ["--model.name", "deepseek_v3", "--model.flavor", "debugmodel"]
-    with pytest.raises(ConfigError, match="does not support tensor parallelism"):
-        parse_args([*base, "--parallelism.tensor_parallel_degree", "2"], 2)
+    with pytest.raises(ConfigError, match=r"cannot run under .*context_parallel_degree = 2"):
+        parse_args([*base, "--parallelism.context_parallel_degree", "2"], 2)
+    with pytest.raises(ConfigError, match="n_heads = 4 is not divisible"):
+        parse_args([*base, "--parallelism.tensor_parallel_degree", "8",
+                    "--parallelism.expert_tensor_parallel_degree", "8"], 8)
+    with pytest.raises(ConfigError, match="block compile"):
+        parse_args([*base, "--compile.enable", "--parallelism.tensor_parallel_degree", "2",
+                    "--parallelism.expert_tensor_parallel_degree", "2"], 2)
     parse_args([*base, "--compile.enable"], 1)
 
 

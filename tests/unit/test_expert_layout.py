@@ -39,6 +39,9 @@ def test_dense_model_refuses_ep():
     (4, {"tp": 2, "etp": 2, "ep": 4}, 8, r"must divide the ranks it borrows, dp_shard x cp = 2"),
     (6, {"ep": 4}, 8, r"must divide the ranks it borrows, dp_shard x cp = 6"),
     (4, {"ep": 4}, 6, "must divide the model's 6 routed experts"),
+    (8, {"ep": 2, "tp": 2, "etp": 2}, 8, "expert weights over the 2 ranks that would share"),
+    (8, {"ep": 4, "tp": 2}, 8, "expert_tensor_parallel_degree = 1 with tensor_parallel"),
+    (2, {"tp": 2}, 8, "expert_tensor_parallel_degree = 1 with tensor_parallel_degree = 2"),
 ])
 def test_impossible_layouts(world, kwargs, experts, message):
     with pytest.raises(ConfigError, match=message):
@@ -46,11 +49,28 @@ def test_impossible_layouts(world, kwargs, experts, message):
 
 
 def test_possible_layouts():
-    for kwargs in ({"ep": 2}, {"ep": 4, "tp": 2}, {"ep": 2, "cp": 2},
-                   {"ep": 4, "pp": 2, "dp_replicate": 1}):
+    for kwargs in ({"ep": 2}, {"ep": 2, "cp": 2}, {"ep": 4, "pp": 2, "dp_replicate": 1},
+                   {"tp": 2, "etp": 2}, {"tp": 4, "etp": 4, "pp": 2},
+                   {"ep": 4, "tp": 2, "etp": 2}):
         validate_expert_layout(ParallelDims.resolve(8, **kwargs), 8)
-    with pytest.raises(ConfigError, match="inside the experts is not implemented yet"):
-        validate_expert_layout(ParallelDims.resolve(8, ep=2, tp=2, etp=2), 8)  # a valid layout
+
+
+@pytest.mark.parametrize("model", [["--model.name", "qwen3", "--model.flavor", "debugmodel_moe"],
+                                   ["--model.name", "deepseek_v3", "--model.flavor",
+                                    "debugmodel"]])
+def test_moe_models_take_tensor_parallel(model):
+    """TP with the experts split over it starts; the aux loss and ETP = 1 under TP do not."""
+    tp = ["--parallelism.tensor_parallel_degree", "2"]
+    parse_args([*model, *tp, "--parallelism.expert_tensor_parallel_degree", "2"], 2)
+    with pytest.raises(ConfigError, match="set expert_tensor_parallel_degree = 2"):
+        parse_args([*model, *tp], 2)
+    with pytest.raises(ConfigError, match=r"float8\] enable with .* is not supported"):
+        parse_args([*model, *tp, "--parallelism.expert_tensor_parallel_degree", "2",
+                    "--float8.enable", "true", "--float8.emulate", "true"], 2)
+    if model[1] == "deepseek_v3":
+        with pytest.raises(ConfigError, match=r"auxiliary balance loss .* is not supported"):
+            parse_args([*model, "--model.flavor", "debugmodel_aux", *tp,
+                        "--parallelism.expert_tensor_parallel_degree", "2"], 2)
 
 
 @pytest.fixture

@@ -16,7 +16,8 @@ PUBLISHED = {
     "70B": 70_553_706_496,
     "405B": 405_853_388_800,
 }
-FFN_HIDDEN = {"debugmodel": 768, "1B": 8192, "3B": 8192, "8B": 14336, "70B": 28672, "405B": 53248}
+FFN_HIDDEN = {"debugmodel": 768, "100M": 2048, "1B": 8192, "3B": 8192, "8B": 14336, "70B": 28672,
+              "405B": 53248}
 
 
 @pytest.mark.parametrize("flavor", list(PUBLISHED))
@@ -24,7 +25,7 @@ def test_published_parameter_counts(flavor):
     assert llama3_flavors[flavor].num_params() == PUBLISHED[flavor]
 
 
-@pytest.mark.parametrize("flavor", ["tiny", "debugmodel", "1B", "8B"])
+@pytest.mark.parametrize("flavor", ["tiny", "debugmodel", "100M", "1B", "8B"])
 def test_meta_model_matches_analytic_count(flavor):
     with torch.device("meta"):
         model = Transformer(llama3_flavors[flavor])

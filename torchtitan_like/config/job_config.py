@@ -56,6 +56,9 @@ class Model:
     overrides: dict[str, Any] = field(default_factory=dict)
     """Flavor args fields to replace, e.g. { n_layers = 8 }, or --model.overrides.n_layers=8."""
 
+    attn_mask_type: Literal["causal", "block_causal"] = "causal"
+    """causal, or block_causal: tokens attend only within their document (EOS-separated)."""
+
 
 @dataclass
 class Optimizer:

@@ -61,7 +61,7 @@ from torch.distributed.tensor.experimental._attention import _cp_options, set_ro
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.distributed import cp_cpu_sdpa
-from torchtitan_like.distributed.layout_rules import check_context_parallel
+from torchtitan_like.distributed.layout_rules import check_attention_mask, check_context_parallel
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.utils import device_type
 
@@ -77,6 +77,7 @@ def validate(config: JobConfig, parallel_dims: ParallelDims, model_supports_cp: 
     cp, tp, p = parallel_dims.cp, parallel_dims.tp, config.parallelism
     if cp == 1:
         return
+    check_attention_mask(cp, config.model.attn_mask_type)
     degree = f"[parallelism] context_parallel_degree = {cp}"
     if not model_supports_cp:
         raise ConfigError(

@@ -71,11 +71,27 @@ def validate_expert_layout(dims: ParallelDims, num_experts: int) -> None:
             f"{fields} = {dims.ep} must divide the model's {num_experts} routed experts "
             "(each EP rank holds the same number of experts)"
         )
-    if dims.etp > 1:
+    if num_experts and dims.tp > 1:
+        _check_experts_under_tp(dims)
+
+
+def _check_experts_under_tp(dims: ParallelDims) -> None:
+    """Under TP the experts split over the TP ranks like the dense feed-forward (ETP = TP,
+    distributed/local_tp.py), with EP on top over dp_shard x cp ranks. What is not built is
+    refused."""
+    tp = f"tensor_parallel_degree = {dims.tp}"
+    if dims.etp == 1:
         raise ConfigError(
-            f"[parallelism] expert_tensor_parallel_degree = {dims.etp}: tensor parallelism "
-            "inside the experts is not implemented yet; set it to 1 (EP then borrows the TP "
-            "ranks too, which hold different tokens under sequence parallel)"
+            f"[parallelism] expert_tensor_parallel_degree = 1 with {tp}: experts replicated "
+            f"over the TP ranks are not implemented; set expert_tensor_parallel_degree = "
+            f"{dims.tp} (every expert split over the TP ranks like the dense feed-forward)"
+        )
+    if dims.ep > 1 and efsdp_degree(dims) * dims.dp_replicate > 1:
+        raise ConfigError(
+            f"[parallelism] expert_parallel_degree = {dims.ep} with {tp}: FSDP of the expert "
+            f"weights over the {efsdp_degree(dims) * dims.dp_replicate} ranks that would share "
+            "them is not tested yet with TP; set expert_parallel_degree = data_parallel_shard "
+            "x context_parallel degree (no data_parallel_replicate), or use EP without TP"
         )
 
 

@@ -68,6 +68,7 @@ class ExpertParallel(ParallelStyle):
 
     def _dispatch(self, module: nn.Module, inputs: tuple, mesh: DeviceMesh):
         tokens, counts = inputs[0], inputs[1]
+        mesh = _ep_dim(mesh)
         ep, group = mesh.size(), mesh.get_group()
         local_experts = counts.numel() // ep
         counts_in = torch.empty_like(counts)
@@ -87,21 +88,38 @@ class ExpertParallel(ParallelStyle):
         assert exchange is not None, "ExpertParallel: combine without a dispatch"
         inverse = torch.argsort(exchange.order)
         return all_to_all_single_autograd(outputs[inverse], exchange.sent, exchange.received,
-                                          mesh.get_group())
+                                          _ep_dim(mesh).get_group())
+
+
+EXPERT_HIDDEN_DIMS = {"w1": 1, "w3": 1, "w2": 2}
+"""The hidden-feature dim of each GroupedExperts weight (w1, w3: [E, hidden, dim]; w2:
+[E, dim, hidden]), along which tensor parallelism inside the experts (ETP) splits them."""
+
+
+def _ep_dim(mesh: DeviceMesh) -> DeviceMesh:
+    """The ``ep`` dim of the style's mesh: ``ep`` alone, or ``(ep, etp)`` under ETP = TP."""
+    return mesh["ep"] if mesh.ndim == 2 else mesh
 
 
 def _shard_expert_dim(name: str, module: nn.Module, mesh: DeviceMesh) -> None:
-    """Every parameter of the experts module becomes ``Shard(0)`` (its expert dim) over ep."""
+    """Every parameter of the experts module becomes ``Shard(0)`` (its expert dim) over ep,
+    and on a 2-D ``(ep, etp)`` mesh also split by hidden features over etp."""
     for param_name, param in list(module.named_parameters(recurse=False)):
-        sharded = nn.Parameter(distribute_tensor(param, mesh, [Shard(0)]),
+        placements = [Shard(0)]
+        if mesh.ndim == 2:
+            placements.append(Shard(EXPERT_HIDDEN_DIMS[param_name]))
+        sharded = nn.Parameter(distribute_tensor(param, mesh, placements),
                                requires_grad=param.requires_grad)
         module.register_parameter(param_name, sharded)
 
 
-def apply_expert_parallel(experts: Iterable[nn.Module], ep_mesh: DeviceMesh) -> None:
-    """Shard every experts module over ep (each gets its own style instance)."""
+def apply_expert_parallel(experts: Iterable[nn.Module], mesh: DeviceMesh) -> None:
+    """Shard every experts module over ``ep``, or over ``(ep, etp)`` with ETP = TP (each gets
+    its own style instance). Under ETP = TP the experts run inside the MoE layer's local TP
+    region (distributed/local_tp.py): the TP ranks of one EP group hold the same tokens, and
+    each computes its hidden slice of its experts, a partial sum the region reduce-scatters."""
     for module in experts:
-        ExpertParallel()._apply(module, ep_mesh)
+        ExpertParallel()._apply(module, mesh)
 
 
 def apply_expert_fsdp(experts: Iterable[nn.Module], mesh: DeviceMesh, *,

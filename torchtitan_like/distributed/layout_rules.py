@@ -13,7 +13,12 @@ experts divisible by its degree) and calls them from both sides.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torchtitan_like.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torchtitan_like.config.job_config import JobConfig
 
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 """Schedules placing exactly two stages on each rank, stage r and stage 2p - 1 - r."""
@@ -70,6 +75,32 @@ def check_tensor_parallel_shapes(tp: int, n_heads: int, kv_heads: int, vocab_siz
              "and the output head are split by vocabulary rows); choose a degree that divides it")
 
 
+def check_moe_tensor_parallel(tp: int, aux_loss_coeff: float, job_config: JobConfig,
+                              where: str) -> None:
+    """Under TP a MoE layer is one TP region whose ranks each hold a partial sum of its output
+    (distributed/local_tp.py); a loss term computed inside it from replicated routing scores
+    would get its gradient once per TP rank. Float8 linears inside such a region would scale
+    each rank's shard on its own (torchao's float8 TP styles do not apply there). Block compile
+    would trace the regions' parameter swaps (forward hooks of the compiled attention): not
+    done yet."""
+    float8 = job_config.float8.enable
+    compiled = job_config.compile.enable and "model" in job_config.compile.components
+    _require(tp == 1 or not compiled,
+             f"{where}: block compile ([compile] enable with components including \"model\") "
+             f"with [parallelism] tensor_parallel_degree = {tp} is not supported for "
+             "mixture-of-experts models yet; set one of them off (components = [\"loss\"] "
+             "still compiles the loss)")
+    _require(tp == 1 or not float8,
+             f"{where}: [float8] enable with [parallelism] tensor_parallel_degree = {tp} is not "
+             "supported for mixture-of-experts models (their attention/MoE layers run as local "
+             "TP regions, where float8 would scale each shard on its own); set one of them off")
+    _require(tp == 1 or aux_loss_coeff == 0,
+             f"{where}: the sequence-wise auxiliary balance loss (aux_loss_coeff = "
+             f"{aux_loss_coeff}) is not supported with [parallelism] tensor_parallel_degree = "
+             f"{tp} (its gradient would be counted once per TP rank); use a flavor with bias "
+             "balancing, or tensor_parallel_degree = 1")
+
+
 # ---------------------------------------------------------------------- context parallel
 
 
@@ -87,6 +118,16 @@ def check_context_parallel(cp: int, tp: int, seq_len: int, load_balancer: str) -
              f"[training] seq_len = {seq_len}: each of the {cp} CP ranks holds {seq_len // cp} "
              f"tokens, which sequence parallel splits over [parallelism] tensor_parallel_degree "
              f"= {tp}; choose seq_len divisible by {cp} x {tp} (and by {chunks})")
+
+
+def check_attention_mask(cp: int, attn_mask_type: str) -> None:
+    """Context parallelism swaps attention for ring attention, which knows causal masking only
+    (no per-document mask over a sequence split across ranks)."""
+    _require(cp == 1 or attn_mask_type == "causal",
+             f"[model] attn_mask_type = {attn_mask_type!r} cannot run under [parallelism] "
+             f"context_parallel_degree = {cp}: context parallelism runs ring attention, which "
+             "masks causally only; set context_parallel_degree = 1 or attn_mask_type = "
+             "\"causal\"")
 
 
 # --------------------------------------------------------------------- pipeline parallel

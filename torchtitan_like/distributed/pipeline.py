@@ -342,12 +342,17 @@ class Pipeline:
         return torch.stack(losses).sum().detach()
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor,
-                         global_tokens: torch.Tensor) -> torch.Tensor:
-        """One schedule step; returns sum(cross-entropy) / global_tokens on the last stage."""
+                         global_tokens: torch.Tensor, **model_kwargs: torch.Tensor
+                         ) -> torch.Tensor:
+        """One schedule step; returns sum(cross-entropy) / global_tokens on the last stage.
+        ``model_kwargs`` (batch-first tensors, e.g. document ids) are cut into the same
+        microbatches as the inputs and reach the forward of every stage, first or not."""
         self.normaliser = global_tokens
-        return self._run(self.schedule.step, inputs, labels, return_outputs=False)
+        return self._run(self.schedule.step, inputs, labels, return_outputs=False,
+                         **model_kwargs)
 
-    def loss_sum(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def loss_sum(self, inputs: torch.Tensor, labels: torch.Tensor,
+                 **model_kwargs: torch.Tensor) -> torch.Tensor:
         """Forward only (validation); the summed cross-entropy on the last stage, else 0."""
         self.normaliser = torch.ones((), device=self.device)
-        return self._run(self.schedule.eval, inputs, labels)
+        return self._run(self.schedule.eval, inputs, labels, **model_kwargs)

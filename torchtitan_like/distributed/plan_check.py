@@ -30,7 +30,9 @@ def _compiled(module: nn.Module) -> bool:
 
 
 def _on_tp_mesh(parameter: nn.Parameter) -> bool:
-    return isinstance(parameter, DTensor) and "tp" in (parameter.device_mesh.mesh_dim_names or ())
+    """On the TP mesh, or (routed experts under ETP = TP) on the expert mesh's ``etp`` dim."""
+    dims = (parameter.device_mesh.mesh_dim_names or ()) if isinstance(parameter, DTensor) else ()
+    return "tp" in dims or "etp" in dims
 
 
 def check_plan_applied(model_name: str, parts: list[nn.Module], parallel_dims: ParallelDims,

@@ -119,7 +119,8 @@ def apply_block_tail(model: nn.Module, blocks: nn.ModuleDict, parallel_dims: Par
     own FSDP units over the expert-FSDP mesh (distributed/expert_parallel.py); under compile,
     the blocks holding them are compiled around them (distributed/compile.py)."""
     if parallel_dims.ep_enabled:
-        apply_expert_parallel(routed_experts, meshes.expert["ep"])
+        apply_expert_parallel(routed_experts, meshes.expert["ep", "etp"] if parallel_dims.etp > 1
+                              else meshes.expert["ep"])
     apply_ac(blocks, config.activation_checkpoint)
     apply_compile(blocks, config.compile, routed_experts)
     if not parallel_dims.fsdp_enabled:

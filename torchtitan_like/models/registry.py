@@ -115,6 +115,11 @@ class ModelSpec:
     ``parallelize_fn`` implements, among "tp", "cp", "pp", "ep"; a job asking for another is
     refused at start-up, before any process group exists."""
 
+    attn_mask_types: frozenset[str] = frozenset({"causal"})
+    """The ``[model] attn_mask_type`` values the model implements: "causal", and
+    "block_causal" when its forward takes ``document_ids`` (models/attention_masks.py); a job
+    asking for another is refused at start-up."""
+
 
 def check_supported_dims(spec: ModelSpec, job_config: JobConfig) -> None:
     """ConfigError if the job asks for a parallel dimension ``spec`` does not declare."""

@@ -157,7 +157,7 @@ def _workload(args: argparse.Namespace, work: Workload) -> Workload:
     global_batch = args.global_batch or (work.global_batch if args.config else
                                          max(1, 2**22 // seq_len))
     return Workload(seq_len=seq_len, global_batch=global_batch, tokens=args.tokens,
-                    precision=precision)
+                    precision=precision, attn_mask_type=work.attn_mask_type)
 
 
 def pins_of(args: argparse.Namespace) -> dict[str, Any]:

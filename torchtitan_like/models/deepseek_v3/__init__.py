@@ -1,3 +1,4 @@
+from torchtitan_like.models.attention_masks import MASK_TYPES
 from torchtitan_like.models.deepseek_v3.args import (
     DeepSeekV3Args,
     YarnScaling,
@@ -22,6 +23,7 @@ register_model(
         # tok_embeddings, layers.0 .. n-1, norm, output in forward order, as llama3: its split.
         pipelining_fn=pipeline_llama,
         register_optimizer_hooks=register_optimizer_hooks,
+        attn_mask_types=MASK_TYPES,
     )
 )
 

@@ -13,6 +13,10 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.distributed.layout_rules import (
+    check_moe_tensor_parallel,
+    check_tensor_parallel_shapes,
+)
 from torchtitan_like.models.moe import MoEArgs
 from torchtitan_like.models.registry import BaseModelArgs
 
@@ -56,6 +60,8 @@ class DeepSeekV3Args(BaseModelArgs):
     max_seq_len: int = 4096  # rows of the RoPE table; set to training.seq_len by the trainer
     depth_init: bool = True  # init std of output projections shrinks with layer depth
 
+    tie_word_embeddings = False  # the head has its own weight (read by llama's TP edges)
+
     @property
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
@@ -82,11 +88,10 @@ class DeepSeekV3Args(BaseModelArgs):
             from torchtitan_like.models.llama3.pipeline import llama_fqns_per_stage
 
             llama_fqns_per_stage(self, job_config)
-        unsupported = {"tensor": parallel_dims.tp, "context": parallel_dims.cp}
-        for name, degree in unsupported.items():
-            if degree > 1:
-                raise ConfigError(f"{flavor}: the deepseek_v3 plan does not support {name} "
-                                  f"parallelism yet; set [parallelism] {name}_parallel_degree = 1")
+        # MLA splits by heads (queries, keys and values alike), as llama's attention
+        check_tensor_parallel_shapes(parallel_dims.tp, self.n_heads, self.n_heads,
+                                     self.vocab_size, flavor)
+        check_moe_tensor_parallel(parallel_dims.tp, self.moe.aux_loss_coeff, job_config, flavor)
 
     def _attention_params(self) -> int:
         d, h = self.dim, self.n_heads

@@ -18,9 +18,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from torchtitan_like.models.attention_masks import AttentionMask, attention, build_mask
 from torchtitan_like.models.deepseek_v3.args import DeepSeekV3Args, YarnScaling
 from torchtitan_like.models.llama3.model import FeedForward
 from torchtitan_like.models.moe import MoE
@@ -91,7 +91,8 @@ class MultiHeadLatentAttention(nn.Module):
             self.softmax_scale *= yarn_mscale(a.rope_scaling.factor,
                                               a.rope_scaling.mscale_all_dim) ** 2
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: AttentionMask = None
+                ) -> torch.Tensor:
         a = self.args
         bs, seq_len, _ = x.shape
         q = self.wq_b(self.q_norm(self.wq_a(x))) if a.q_lora_rank else self.wq(x)
@@ -105,9 +106,8 @@ class MultiHeadLatentAttention(nn.Module):
         q = torch.cat([q_nope, apply_rope(q_rope, rope)], dim=-1)
         k_rope = apply_rope(k_rope.unsqueeze(2), rope).expand(-1, -1, k_nope.shape[2], -1)
         k = torch.cat([k_nope, k_rope], dim=-1)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                             v.transpose(1, 2), is_causal=True,
-                                             scale=self.softmax_scale)
+        out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask,
+                        scale=self.softmax_scale)
         return self.wo(out.transpose(1, 2).reshape(bs, seq_len, -1))
 
     def init_weights(self, init_std: float) -> None:
@@ -137,8 +137,9 @@ class DeepSeekV3Block(nn.Module):
         depth = layer_id + 1 if args.depth_init else args.n_layers
         self.init_std = 0.02 / (2 * depth) ** 0.5
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope)
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: AttentionMask = None
+                ) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope, mask=mask)
         ffn = self.moe if self.moe_enabled else self.feed_forward
         return h + ffn(self.ffn_norm(h))
 
@@ -161,12 +162,15 @@ class DeepSeekV3Model(nn.Module):
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.register_buffer("rope_cache", rope_cache(args), persistent=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, document_ids: torch.Tensor | None = None
+                ) -> torch.Tensor:
         """Token ids (bs, seq) -> logits (bs, seq, vocab); a pipeline stage without the
-        embedding takes hidden states instead, and one without the head returns them."""
+        embedding takes hidden states instead, and one without the head returns them.
+        ``document_ids`` (bs, seq) make attention block-causal (models/attention_masks.py)."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        mask = None if document_ids is None else build_mask(document_ids)
         for layer in self.layers.values():
-            h = layer(h, self.rope_cache)
+            h = layer(h, self.rope_cache, mask=mask)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
 

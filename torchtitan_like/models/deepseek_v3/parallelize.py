@@ -1,32 +1,73 @@
 """The DeepSeek-V3 parallelization plan: one model part in, the same part parallelized out.
 
 The steps and their order are llama3's (each lives in its own file under distributed/, the
-tail applied by distributed/plan_toolkit.py's ``apply_block_tail``): expert parallelism ->
-activation checkpointing -> compile -> FSDP2, each skipping the modules a pipeline stage
-dropped; the MoE blocks compile around their MoE layer (distributed/compile.py).
-Expert parallelism slots in as one more step before AC (it shards ``moe.experts`` and wraps
-its forward with the token all-to-alls), and its FSDP step then shards the expert weights over
-their own mesh. The MoE balancing bias update is an optimizer step post-hook
-(``register_optimizer_hooks``), not a module change.
+tail applied by distributed/plan_toolkit.py's ``apply_block_tail``): tensor parallel ->
+expert parallelism -> activation checkpointing -> compile -> FSDP2, each skipping the modules
+a pipeline stage dropped; the MoE blocks compile around their MoE layer (distributed/compile.py;
+refused under TP). Expert parallelism shards ``moe.experts`` and wraps its forward with the token
+all-to-alls, and its FSDP step then shards the expert weights over their own mesh. The MoE
+balancing bias update is an optimizer step post-hook (``register_optimizer_hooks``), not a
+module change.
+
+Tensor parallel: the embedding, final norm and head as llama's (vocabulary rows, sequence
+parallel norm, loss parallel), the block norms sequence parallel, a dense block's SwiGLU
+column/row-wise, and two local TP regions per block (distributed/local_tp.py), each with one
+all-gather in and one reduce-scatter out:
+
+- multi-head latent attention, split by heads: the up-projections ``wq`` (or ``wq_b``) and
+  ``wkv_b`` column-wise, ``wo`` row-wise. The low-rank down-projections ``wq_a`` and ``wkv_a``
+  and their norms are replicated: every head reads the whole latent, and ``wkv_a`` also makes
+  the one decoupled RoPE key all heads share, so every rank rotates it whole (the same table,
+  the same positions) and expands it to its own heads;
+- the MoE layer: router replicated, every expert split by hidden features (local_tp.py).
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 from torch import nn
+from torch.distributed.tensor.parallel import ParallelStyle, SequenceParallel
 
 from torchtitan_like.components.optimizer import OptimizersContainer
 from torchtitan_like.config.job_config import JobConfig
+from torchtitan_like.distributed.local_tp import LocalTensorParallel, moe_tp_plan
 from torchtitan_like.distributed.parallel_dims import Meshes, ParallelDims
-from torchtitan_like.distributed.plan_toolkit import apply_block_tail
+from torchtitan_like.distributed.plan_toolkit import apply_block_tail, swiglu_plan
+from torchtitan_like.distributed.tensor_parallel import maybe_enable_async_tp
 from torchtitan_like.models.deepseek_v3.model import DeepSeekV3Model
+from torchtitan_like.models.llama3.parallelize import apply_tp
 from torchtitan_like.models.moe import register_moe_balancing, routed_experts
+
+MLA_SHARDED = {"wq.weight": 0, "wq_b.weight": 0, "wkv_b.weight": 0, "wo.weight": 1}
+"""MLA's per-head projections (heads are contiguous rows of wq/wq_b/wkv_b, columns of wo);
+the rest (wq_a, q_norm, wkv_a, kv_norm) is replicated."""
+
+
+def block_tp_plan(block: nn.Module, device_type: str, expert_parallel: bool = False
+                  ) -> dict[str, ParallelStyle]:
+    """One block: sequence parallel norms, MLA as a local TP region, then the dense SwiGLU
+    pair or the MoE region (its routed experts left to expert parallelism when it is on)."""
+    present = {name for name, _ in block.attention.named_parameters()}
+    ffn = (moe_tp_plan(block, expert_parallel=expert_parallel) if block.moe_enabled
+           else swiglu_plan(block, device_type))
+    return {
+        "attention_norm": SequenceParallel(),
+        "attention": LocalTensorParallel({p: d for p, d in MLA_SHARDED.items() if p in present}),
+        "ffn_norm": SequenceParallel(),
+        **ffn,
+    }
 
 
 def parallelize_deepseek_v3(
     model: DeepSeekV3Model, parallel_dims: ParallelDims, meshes: Meshes, config: JobConfig
 ) -> DeepSeekV3Model:
-    """EP -> AC -> FSDP (one unit per block, the embedding, and norm + head, as llama3; under
-    EP each experts module first gets its own unit over the expert-FSDP mesh)."""
+    """TP -> EP -> AC -> FSDP (one unit per block, the embedding, and norm + head, as llama3;
+    under EP each experts module first gets its own unit over the expert-FSDP mesh)."""
+    if parallel_dims.tp_enabled:
+        apply_tp(model, meshes.tp, loss_parallel=parallel_dims.loss_parallel_enabled,
+                 block_plan=partial(block_tp_plan, expert_parallel=parallel_dims.ep_enabled))
+        maybe_enable_async_tp(config.parallelism.enable_async_tensor_parallel, meshes.tp)
     apply_block_tail(model, model.layers, parallel_dims, meshes, config,
                      before=[[model.tok_embeddings]], after=[[model.norm, model.output]],
                      routed_experts=routed_experts(model.layers.values()))

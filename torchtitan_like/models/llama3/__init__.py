@@ -1,3 +1,4 @@
+from torchtitan_like.models.attention_masks import MASK_TYPES
 from torchtitan_like.models.llama3.args import Llama3Args, llama3_flavors
 from torchtitan_like.models.llama3.hf_adapter import Llama3HFAdapter
 from torchtitan_like.models.llama3.model import Transformer
@@ -14,6 +15,7 @@ register_model(
         hf_adapter=Llama3HFAdapter,
         context_parallel_buffers=context_parallel_buffers,
         pipelining_fn=pipeline_llama,
+        attn_mask_types=MASK_TYPES,
     )
 )
 

@@ -119,6 +119,8 @@ llama3_flavors: dict[str, Llama3Args] = {
     ),
     # TorchTitan's debug model shape (vocab rounded to 2048).
     "debugmodel": Llama3Args(dim=256, n_layers=6, n_heads=16, vocab_size=2048),
+    # Throughput benchmarks: GPT-2 small's shape (88M parameters at the debug model's vocab).
+    "100M": Llama3Args(dim=768, n_layers=12, n_heads=12, vocab_size=2048),
     # Llama 3.2 1B and 3B (tied embeddings), Llama 3.1 8B, 70B and 405B.
     "1B": Llama3Args(
         dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim_multiplier=1.5,

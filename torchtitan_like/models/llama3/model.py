@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torchtitan_like.models.attention_masks import AttentionMask, attention, build_mask
 from torchtitan_like.models.llama3.args import Llama3Args, RopeScaling
 
 
@@ -61,7 +62,8 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, args.kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: AttentionMask = None
+                ) -> torch.Tensor:
         bs, seq_len, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a slice of the heads.
         q, k = self.rotate(self.wq(x).view(bs, seq_len, -1, self.head_dim),
@@ -69,9 +71,7 @@ class Attention(nn.Module):
         v = self.wv(x).view(bs, seq_len, -1, self.head_dim)
         k = k.repeat_interleave(self.n_rep, dim=2)
         v = v.repeat_interleave(self.n_rep, dim=2)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-        )
+        out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
         return self.wo(out.transpose(1, 2).reshape(bs, seq_len, -1))
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, rope: torch.Tensor
@@ -114,8 +114,9 @@ class TransformerBlock(nn.Module):
         depth = layer_id + 1 if args.depth_init else args.n_layers
         self.init_std = 0.02 / (2 * depth) ** 0.5
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope)
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: AttentionMask = None
+                ) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope, mask=mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
     def init_weights(self) -> None:
@@ -150,12 +151,17 @@ class Transformer(nn.Module):
         a = self.args
         return rope_cache(a.head_dim, a.max_seq_len, a.rope_theta, a.rope_scaling)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, document_ids: torch.Tensor | None = None
+                ) -> torch.Tensor:
         """Token ids (bs, seq) -> logits (bs, seq, vocab); a pipeline stage without the
-        embedding takes hidden states instead, and one without the head returns them."""
+        embedding takes hidden states instead, and one without the head returns them.
+        ``document_ids`` (bs, seq) make attention block-causal (models/attention_masks.py);
+        only then do the blocks get a ``mask`` keyword, so blocks written for causal
+        attention alone keep their ``(x, rope)`` forward."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        masked = {} if document_ids is None else {"mask": build_mask(document_ids)}
         for layer in self.layers.values():
-            h = layer(h, self.rope_cache)
+            h = layer(h, self.rope_cache, **masked)
         h = self.norm(h) if self.norm is not None else h
         if self.output is not None:
             return self.output(h)

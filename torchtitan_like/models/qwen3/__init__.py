@@ -1,3 +1,4 @@
+from torchtitan_like.models.attention_masks import MASK_TYPES
 from torchtitan_like.models.llama3 import context_parallel_buffers, pipeline_llama
 from torchtitan_like.models.qwen3.args import Qwen3Args, qwen3_flavors
 from torchtitan_like.models.qwen3.hf_adapter import Qwen3HFAdapter
@@ -14,6 +15,7 @@ register_model(
         hf_adapter=Qwen3HFAdapter,
         context_parallel_buffers=context_parallel_buffers,
         pipelining_fn=pipeline_llama,
+        attn_mask_types=MASK_TYPES,
     )
 )
 

@@ -13,6 +13,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.distributed.layout_rules import check_moe_tensor_parallel
 from torchtitan_like.models.llama3.args import check_heads_and_layout
 from torchtitan_like.models.moe import MoEArgs
 from torchtitan_like.models.registry import BaseModelArgs
@@ -63,16 +64,15 @@ class Qwen3Args(BaseModelArgs):
         if self.head_dim % 2:
             raise ConfigError(f"{flavor}: head_dim {self.head_dim} must be even (RoPE rotates "
                               "pairs)")
-        if self.moe is not None and parallel_dims.tp > 1:
-            raise ConfigError(f"{flavor} is a mixture of experts, whose experts tensor "
-                              "parallelism does not split; use [parallelism] "
-                              "tensor_parallel_degree = 1 (FSDP/HSDP, CP and PP apply)")
+        if self.moe is not None:
+            check_moe_tensor_parallel(parallel_dims.tp, self.moe.aux_loss_coeff, job_config,
+                                      flavor)
         if (self.moe is not None and job_config.checkpoint.initial_load_in_hf
-                and parallel_dims.fsdp_enabled):
+                and (parallel_dims.fsdp_enabled or parallel_dims.tp > 1)):
             raise ConfigError(f"{flavor}: HF expert weights are read one tensor per expert, "
-                              "into unsharded stacks; with FSDP/HSDP/CP convert the folder to "
-                              "a seed checkpoint first (scripts/convert_hf.py from_hf) and set "
-                              "initial_load_path to it with initial_load_in_hf = false")
+                              "into unsharded stacks; with FSDP/HSDP/CP/TP convert the folder "
+                              "to a seed checkpoint first (scripts/convert_hf.py from_hf) and "
+                              "set initial_load_path to it with initial_load_in_hf = false")
         check_heads_and_layout(self, job_config, parallel_dims)
 
     def _block_params(self, experts: int) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from torchtitan_like.models.attention_masks import AttentionMask
 from torchtitan_like.models.llama3.model import Attention, FeedForward, Transformer, apply_rope
 from torchtitan_like.models.moe import MoE
 from torchtitan_like.models.qwen3.args import Qwen3Args
@@ -54,8 +55,9 @@ class Qwen3Block(nn.Module):
     def ffn(self) -> nn.Module:
         return self.moe if self.moe_enabled else self.feed_forward
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope)
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: AttentionMask = None
+                ) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope, mask=mask)
         return h + self.ffn(self.ffn_norm(h))
 
     def init_weights(self) -> None:

@@ -6,28 +6,42 @@ splits the heads, never a head, so each rank normalises its own heads exactly as
 does; only the norm weights' gradients need all ranks: every rank's heads contribute to them.
 ``SequenceParallel(sequence_dim=2)`` says precisely that: the input is sharded on dim 2 (the
 heads of (bs, seq, heads, head_dim)), the weight is a replicated DTensor whose gradient is
-summed over the TP ranks. MoE flavors are refused under TP (args.py); FSDP shards them as any
-block, and expert parallelism shards their routed experts (the shared tail of
-distributed/plan_toolkit.py, as for deepseek_v3). With no selection bias in Qwen3-MoE there
-is no optimizer hook to register.
+summed over the TP ranks. Under TP a MoE layer all-gathers the sequence, routes every token on
+every rank and computes its slice of every expert (distributed/local_tp.py); FSDP shards MoE
+blocks as any block, and expert parallelism (without TP) shards their routed experts (the
+shared tail of distributed/plan_toolkit.py, as for deepseek_v3). With no selection bias in
+Qwen3-MoE there is no optimizer hook to register.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle, SequenceParallel
 
 from torchtitan_like.config.job_config import JobConfig
+from torchtitan_like.distributed.local_tp import moe_tp_plan
 from torchtitan_like.distributed.parallel_dims import Meshes, ParallelDims
+from torchtitan_like.distributed.plan_toolkit import attention_plan
 from torchtitan_like.models.llama3.parallelize import block_tp_plan, parallelize_llama
 from torchtitan_like.models.moe import routed_experts
 from torchtitan_like.models.qwen3.model import Qwen3Model
 
 
-def qwen3_block_tp_plan(block: nn.Module, device_type: str) -> dict[str, ParallelStyle]:
-    """Llama's block plan plus head-sharded q/k norms (local tensors out, as RoPE expects)."""
+def qwen3_block_tp_plan(block: nn.Module, device_type: str, expert_parallel: bool = False
+                        ) -> dict[str, ParallelStyle]:
+    """Llama's block plan plus head-sharded q/k norms (local tensors out, as RoPE expects); a
+    MoE block's ``moe`` runs as one local TP region with its experts split over TP
+    (distributed/local_tp.py) where llama's block has its SwiGLU pair."""
+    if block.moe_enabled:
+        plan = {"attention_norm": SequenceParallel(), **attention_plan(block, device_type),
+                "ffn_norm": SequenceParallel(),
+                **moe_tp_plan(block, expert_parallel=expert_parallel)}
+    else:
+        plan = block_tp_plan(block, device_type)
     return {
-        **block_tp_plan(block, device_type),
+        **plan,
         "attention.q_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
         "attention.k_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
     }
@@ -36,5 +50,6 @@ def qwen3_block_tp_plan(block: nn.Module, device_type: str) -> dict[str, Paralle
 def parallelize_qwen3(model: Qwen3Model, parallel_dims: ParallelDims, meshes: Meshes,
                       config: JobConfig) -> Qwen3Model:
     return parallelize_llama(model, parallel_dims, meshes, config,
-                             block_plan=qwen3_block_tp_plan,
+                             block_plan=partial(qwen3_block_tp_plan,
+                                                expert_parallel=parallel_dims.ep_enabled),
                              routed_experts=routed_experts(model.layers.values()))

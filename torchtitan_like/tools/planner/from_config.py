@@ -78,6 +78,7 @@ def from_job_config(config: JobConfig, num_gpus: int) -> tuple[ModelShape, Workl
                     compile=compiled, float8=config.float8.enable,
                     async_tp=p.enable_async_tensor_parallel, ep=dims.ep)
     workload = Workload(seq_len=t.seq_len, precision=_precision(config),
+                        attn_mask_type=config.model.attn_mask_type,
                         global_batch=layout_rules.global_batch(t.global_batch_size,
                                                                t.local_batch_size, dims.dp))
     return ModelShape.from_args(args), workload, layout

@@ -106,6 +106,8 @@ class Workload:
     tokens: float = 0.0
     """Training budget in tokens; 0 = no time or cost estimate."""
     precision: Precision = Precision()
+    attn_mask_type: str = "causal"
+    """[model] attn_mask_type: block_causal rules out context parallelism."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,6 +40,7 @@ def _trainer_rules(m: ModelShape, work: Workload, layout: Layout) -> int:
     rules.accumulation_steps(work.global_batch, mb, layout.dp)
     rules.check_sequence_parallel(t, work.seq_len)
     rules.check_context_parallel(layout.cp, t, work.seq_len, layout.cp_load_balancer)
+    rules.check_attention_mask(layout.cp, work.attn_mask_type)
     per_schedule = 1
     if layout.pp > 1:
         v = layout.stages_per_rank
