@@ -5,9 +5,10 @@ tests/parallel/ proves case by case for llama; here each dimension runs once mor
 aimed at what Qwen3 adds: the per-head q/k RMSNorms under TP (their weights are replicated
 DTensors whose gradients sum over the TP ranks, parallelize.py), the untied head of the MoE
 flavor across pipeline stages, and the MoE layer under FSDP/HSDP, PP, AC, expert
-parallelism (the token all-to-alls change which rank multiplies a token, not the sums) and
-TP x FSDP (each TP rank computes a slice of every expert's hidden features; the slices and the
-replicated router's gradients are summed over TP: reordered sums again).
+parallelism (the token all-to-alls change which rank multiplies a token, not the sums; also
+with EP borrowing context-parallel ranks) and TP x FSDP (each TP rank computes a slice of
+every expert's hidden features; the slices and the replicated router's gradients are summed
+over TP: reordered sums again).
 
 fp32, deterministic kernels, same seed and global batch (4 x 64 tokens), 5 steps. The layouts
 change only the order of floating-point sums (reduce-scatters, row-wise all-reduces, ring
@@ -54,6 +55,10 @@ def runs(corpus, tmp_path_factory):
         # over the 2 ranks that hold the same experts
         "moe_fsdp4_ep2": [*MOE, "--training.local_batch_size", "1",
                           "--parallelism.expert_parallel_degree", "2"],
+        # CP 2 x FSDP 2, EP 2 borrowing from both: an all-to-all partner may be the rank
+        # holding the other half of the same sequences; experts FSDP-sharded over 2 ranks
+        # (measured 4.8e-7, default and avx2 kernels)
+        "moe_cp2_ep2": [*MOE, *CP2, "--parallelism.expert_parallel_degree", "2"],
         # TP 2 x FSDP 2: attention split by heads, every expert by hidden features (ETP = TP)
         "moe_fsdp2_tp2": [*MOE, *TP2, "--parallelism.expert_tensor_parallel_degree", "2"],
         # compiled blocks (q/k norms inside) under FSDP 4: fused kernels reorder fp32 sums
@@ -64,7 +69,8 @@ def runs(corpus, tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", ["dense_cp2_tp2", "moe_pp2_fsdp2", "moe_hsdp2x2_ac",
-                                  "moe_fsdp4_ep2", "moe_fsdp2_tp2", "dense_fsdp4_compile"])
+                                  "moe_fsdp4_ep2", "moe_cp2_ep2", "moe_fsdp2_tp2",
+                                  "dense_fsdp4_compile"])
 def test_matches_one_process(runs, case):
     reference = runs[case.split("_")[0]]
     assert len(losses(runs[case])) == 5

@@ -114,8 +114,3 @@ def test_expert_parallelism_needs_the_moe_flavor():
     parse_args(["--model.name", "qwen3", "--model.flavor", "debugmodel_moe",
                 "--parallelism.expert_parallel_degree", "2"], 2)
 
-
-def test_moe_block_compile_is_refused():
-    with pytest.raises(ConfigError, match="compiling qwen3 blocks with mixture-of-experts"):
-        parse_args(["--model.name", "qwen3", "--model.flavor", "debugmodel_moe",
-                    "--compile.enable", "true"], 1)

@@ -6,6 +6,19 @@ code, where their hooks run. ``Module.compile`` compiles a block in place, so pa
 do not change. ``fullgraph=True`` turns any graph break into an error instead of a silent
 slowdown.
 
+Blocks with a mixture-of-experts layer are compiled around it, as TorchTitan does: the MoE
+layer's own forward counts tokens per expert, sorts them by expert (shapes that depend on the
+data) and records load metrics, and under expert parallelism its experts' forward is wrapped
+with the token all-to-alls (whose split sizes are read on the host) and, with expert FSDP,
+with FSDP's hooks; none of that traces into one graph. So every submodule of such a block
+that holds no routed experts (attention, the router, the shared experts) is compiled whole,
+and the glue in between (residual adds, routing sort, dispatch, the routed experts) stays
+eager. The routed experts' grouped GEMMs stay eager too: torch 2.13's fake (meta) kernel of
+``torch._grouped_mm`` accepts only bf16 inputs, so fp32 experts cannot be traced (TorchTitan,
+bf16 on GPU, compiles them apart from the hooks); they are single ATen calls per weight
+either way. Compiling pieces instead of the block changes no arithmetic: each compiled piece
+computes the same ops as in eager, possibly summed in another order.
+
 Side effects under activation checkpointing: a block's Python side effects (the loss and
 metric hooks of components/model_hooks.py record values) run once per forward. Eager
 checkpointing would replay them while recomputing in backward, which is why the hooks ignore
@@ -17,7 +30,7 @@ which is exactly the hooks' semantics, so apply_compile sets
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 
 import torch
 from torch import nn
@@ -26,13 +39,37 @@ from torchtitan_like.config.job_config import Compile
 from torchtitan_like.distributed.parallel_dims import Meshes
 
 
-def apply_compile(blocks: nn.ModuleDict, config: Compile) -> None:
-    """Compile each block in place (after activation checkpointing wrapped it, before FSDP)."""
+def apply_compile(blocks: nn.ModuleDict, config: Compile,
+                  routed_experts: Sequence[nn.Module] = ()) -> None:
+    """Compile each block in place (after activation checkpointing wrapped it, before FSDP);
+    a block holding any of ``routed_experts`` (GroupedExperts) is compiled around them."""
     if not (config.enable and "model" in config.components):
         return
     torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
+    experts = set(routed_experts)
     for block in blocks.values():
-        block.compile(fullgraph=True)
+        if _holds(block, experts):
+            _compile_around(block, experts)
+        else:
+            block.compile(fullgraph=True)
+
+
+def _holds(module: nn.Module, experts: Collection[nn.Module]) -> bool:
+    return any(m in experts for m in module.modules())
+
+
+def _compile_around(module: nn.Module, experts: Collection[nn.Module]) -> None:
+    """Compile each child of ``module`` (whose own forward stays eager) that is not one of
+    ``experts``: whole if it holds none of them, else around them in turn. A torch.nn layer
+    (an RMSNorm: one ATen op, nothing to fuse) stays eager: dynamo does not start a frame
+    inside torch's own files, and ``fullgraph`` would refuse the empty result."""
+    for child in module.children():
+        if child in experts:
+            continue
+        if _holds(child, experts):
+            _compile_around(child, experts)
+        elif not type(child).forward.__module__.startswith("torch."):
+            child.compile(fullgraph=True)
 
 
 def maybe_compile_loss(loss_fn: Callable, config: Compile) -> Callable:

@@ -116,12 +116,13 @@ def apply_block_tail(model: nn.Module, blocks: nn.ModuleDict, parallel_dims: Par
     (e.g. norm + head), and the rest of ``model`` as the root unit (None entries, modules a
     pipeline stage dropped, are skipped). Under EP, ``routed_experts`` (the GroupedExperts of
     the part's MoE layers) are sharded over ``ep`` with the token all-to-alls, then get their
-    own FSDP units over the expert-FSDP mesh (distributed/expert_parallel.py)."""
+    own FSDP units over the expert-FSDP mesh (distributed/expert_parallel.py); under compile,
+    the blocks holding them are compiled around them (distributed/compile.py)."""
     if parallel_dims.ep_enabled:
         apply_expert_parallel(routed_experts, meshes.expert["ep", "etp"] if parallel_dims.etp > 1
                               else meshes.expert["ep"])
     apply_ac(blocks, config.activation_checkpoint)
-    apply_compile(blocks, config.compile)
+    apply_compile(blocks, config.compile, routed_experts)
     if not parallel_dims.fsdp_enabled:
         return
     param_dtype = DTYPES[config.training.mixed_precision_param]

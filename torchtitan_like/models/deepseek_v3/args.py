@@ -17,7 +17,7 @@ from torchtitan_like.distributed.layout_rules import (
     check_moe_tensor_parallel,
     check_tensor_parallel_shapes,
 )
-from torchtitan_like.models.moe import MoEArgs, refuse_block_compile
+from torchtitan_like.models.moe import MoEArgs
 from torchtitan_like.models.registry import BaseModelArgs
 
 if TYPE_CHECKING:
@@ -88,12 +88,10 @@ class DeepSeekV3Args(BaseModelArgs):
             from torchtitan_like.models.llama3.pipeline import llama_fqns_per_stage
 
             llama_fqns_per_stage(self, job_config)
-        refuse_block_compile("deepseek_v3", job_config)
         # MLA splits by heads (queries, keys and values alike), as llama's attention
         check_tensor_parallel_shapes(parallel_dims.tp, self.n_heads, self.n_heads,
                                      self.vocab_size, flavor)
-        check_moe_tensor_parallel(parallel_dims.tp, self.moe.aux_loss_coeff,
-                                  job_config.float8.enable, flavor)
+        check_moe_tensor_parallel(parallel_dims.tp, self.moe.aux_loss_coeff, job_config, flavor)
 
     def _attention_params(self) -> int:
         d, h = self.dim, self.n_heads

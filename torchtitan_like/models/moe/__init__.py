@@ -1,6 +1,6 @@
 """Mixture-of-experts building blocks shared by every model family (no parallelism inside)."""
 
-from torchtitan_like.models.moe.args import MoEArgs, refuse_block_compile
+from torchtitan_like.models.moe.args import MoEArgs
 from torchtitan_like.models.moe.balancing import (
     balance_experts,
     bias_update,
@@ -24,7 +24,6 @@ __all__ = [
     "bias_update",
     "limit_to_groups",
     "load_imbalance",
-    "refuse_block_compile",
     "register_moe_balancing",
     "routed_experts",
     "sequence_balance_loss",

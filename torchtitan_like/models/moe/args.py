@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Literal
-
-from torchtitan_like.config.errors import ConfigError
-
-if TYPE_CHECKING:
-    from torchtitan_like.config.job_config import JobConfig
+from typing import Literal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,13 +70,3 @@ class MoEArgs:
         if problems:
             raise ValueError("MoEArgs: " + "; ".join(problems))
 
-
-def refuse_block_compile(model_name: str, job_config: JobConfig) -> None:
-    """ConfigError when the job compiles the blocks of a model with MoE layers: the full-graph
-    block compile does not trace the MoE layer's data-dependent token sort and load counting
-    (compiling attention and the experts separately, as TorchTitan does, is still to do)."""
-    if job_config.compile.enable and "model" in job_config.compile.components:
-        raise ConfigError(f"[model] flavor {job_config.model.flavor}: compiling {model_name} "
-                          "blocks with mixture-of-experts layers is not supported yet (the MoE "
-                          "layer's token sort and load counting break the full-graph block "
-                          "compile); set [compile] enable = false or components = [\"loss\"]")
