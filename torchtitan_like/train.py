@@ -41,7 +41,7 @@ from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.plan_check import check_plan_applied
 from torchtitan_like.logging import init_logger, logger
 from torchtitan_like.models import attention_masks
-from torchtitan_like.models.registry import model_spec_and_args
+from torchtitan_like.models.registry import ModelSpec, model_spec_and_args
 from torchtitan_like.validate import grad_accumulation_steps, parse_args
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -68,13 +68,27 @@ class Trainer:
     """
 
     def __init__(self, config: JobConfig, device: torch.device):
+        """The build, in the documented order (module docstring), one method per stage."""
         self.config = config
         self.device = device
-        training = config.training
+        self._build_mesh_and_data(config)  # 1-2
+        spec = self._build_model(config)  # 3-7
+        self._build_optimizers(config, spec)  # 8
+        self._load_checkpoint(config, spec)  # 9
+        self._build_metrics_and_contexts(config, spec)  # 10
+        n_params = dist_utils.local_numel(p for part in self.model_parts for p in part.parameters())
+        logger.info(
+            f"{config.model.name} {config.model.flavor}: {self.model_args.num_params():,} "
+            f"parameters ({n_params:,} on this rank); layout {self.parallel_dims}; "
+            f"{self.grad_accumulation_steps} microbatch(es) of {config.training.local_batch_size}"
+            f" x {config.training.seq_len} tokens per step"
+        )
 
+    def _build_mesh_and_data(self, config: JobConfig) -> None:
+        training = config.training
         # 1. Mesh, then the same seed everywhere.
         self.parallel_dims = ParallelDims.from_config(config, dist.get_world_size())
-        self.meshes = self.parallel_dims.build_meshes(device.type)
+        self.meshes = self.parallel_dims.build_meshes(self.device.type)
         dist_utils.set_determinism(config.debug.seed, config.debug.deterministic)
         set_inductor_cache(config.compile, self.meshes)
 
@@ -90,6 +104,9 @@ class Trainer:
                     f"{config.model.tokenizer_path or 'byte-level'} ({self.tokenizer.vocab_size:,} "
                     "tokens)")
 
+    def _build_model(self, config: JobConfig) -> ModelSpec:
+        """Steps 3-7; the model's spec, which the later steps read."""
+        device, training = self.device, config.training
         # 3-6. The plain model on meta, converters (Float8), split into this rank's pipeline
         # stages (or kept whole), then the parallelization plan on each part.
         spec, self.model_args = model_spec_and_args(config)
@@ -121,11 +138,13 @@ class Trainer:
             self.model_parts, stage_ids, config, self.meshes.pp, device, self.loss_fn,
             forward_context=self.step_hooks.recording,
         )
+        return spec
 
+    def _build_optimizers(self, config: JobConfig, spec: ModelSpec) -> None:
         # 8. Optimizer and LR schedule.
         self.optimizers = OptimizersContainer(self.model_parts, config.optimizer)
         self.lr_schedulers = LRSchedulersContainer(
-            self.optimizers, config.lr_scheduler, training.steps
+            self.optimizers, config.lr_scheduler, config.training.steps
         )
         self.converters.register_optimizer_hooks(self.optimizers, self.model_parts)
         if spec.register_optimizer_hooks is not None:
@@ -134,17 +153,20 @@ class Trainer:
         self.step = 0
         self.tokens_seen = 0
 
+    def _load_checkpoint(self, config: JobConfig, spec: ModelSpec) -> None:
         # 9. Resume from the latest complete checkpoint, if there is one.
         self.faults = FaultInjector(config, dist.get_rank())
         self.checkpointer = CheckpointManager(
             config, parallel_dims=self.parallel_dims, model_parts=self.model_parts,
             optimizers=self.optimizers, lr_schedulers=self.lr_schedulers,
-            dataloader=self.dataloader, train_state=self, device=device, faults=self.faults,
+            dataloader=self.dataloader, train_state=self, device=self.device, faults=self.faults,
             hf_adapter=spec.hf_adapter(self.model_args) if spec.hf_adapter else None,
         )
         self.checkpointer.load()
 
-        # 10. Metrics (a resumed run continues its metrics.jsonl).
+    def _build_metrics_and_contexts(self, config: JobConfig, spec: ModelSpec) -> None:
+        # 10. Metrics (a resumed run continues its metrics.jsonl), autocast, CP, profiler.
+        device, training = self.device, config.training
         compute_dtype = dist_utils.DTYPES[training.mixed_precision_param]
         self.metrics = MetricsLogger(
             dump_folder=config.job.dump_folder,
@@ -170,13 +192,6 @@ class Trainer:
         )
         self.profiler = Profiler(config.profiling, config.job.dump_folder, dist.get_rank(),
                                  device, start_step=self.step)
-        n_params = dist_utils.local_numel(p for part in self.model_parts for p in part.parameters())
-        logger.info(
-            f"{config.model.name} {config.model.flavor}: {self.model_args.num_params():,} "
-            f"parameters ({n_params:,} on this rank); layout {self.parallel_dims}; "
-            f"{self.grad_accumulation_steps} microbatch(es) of {training.local_batch_size} x "
-            f"{training.seq_len} tokens per step"
-        )
 
     def state_dict(self) -> dict[str, int]:
         """The trainer's own part of a checkpoint (checkpoint/states.py adds RNG states)."""
