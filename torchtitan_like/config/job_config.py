@@ -224,6 +224,11 @@ class Compile:
     cache_dir: str = ""
     """Persistent inductor cache folder (sets TORCHINDUCTOR_CACHE_DIR); empty = torch's default."""
 
+    @property
+    def compiles_blocks(self) -> bool:
+        """The model's blocks are compiled: enabled, with "model" among the components."""
+        return self.enable and "model" in self.components
+
 
 @dataclass
 class Float8:

@@ -43,7 +43,7 @@ def apply_compile(blocks: nn.ModuleDict, config: Compile,
                   routed_experts: Sequence[nn.Module] = ()) -> None:
     """Compile each block in place (after activation checkpointing wrapped it, before FSDP);
     a block holding any of ``routed_experts`` (GroupedExperts) is compiled around them."""
-    if not (config.enable and "model" in config.components):
+    if not config.compiles_blocks:
         return
     torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
     experts = set(routed_experts)

@@ -13,12 +13,7 @@ experts divisible by its degree) and calls them from both sides.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from torchtitan_like.config.errors import ConfigError
-
-if TYPE_CHECKING:
-    from torchtitan_like.config.job_config import JobConfig
 
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 """Schedules placing exactly two stages on each rank, stage r and stage 2p - 1 - r."""
@@ -75,16 +70,14 @@ def check_tensor_parallel_shapes(tp: int, n_heads: int, kv_heads: int, vocab_siz
              "and the output head are split by vocabulary rows); choose a degree that divides it")
 
 
-def check_moe_tensor_parallel(tp: int, aux_loss_coeff: float, job_config: JobConfig,
-                              where: str) -> None:
+def check_moe_tensor_parallel(tp: int, aux_loss_coeff: float, *, float8: bool,
+                              compiled: bool, where: str) -> None:
     """Under TP a MoE layer is one TP region whose ranks each hold a partial sum of its output
     (distributed/local_tp.py); a loss term computed inside it from replicated routing scores
     would get its gradient once per TP rank. Float8 linears inside such a region would scale
     each rank's shard on its own (torchao's float8 TP styles do not apply there). Block compile
     would trace the regions' parameter swaps (forward hooks of the compiled attention): not
-    done yet."""
-    float8 = job_config.float8.enable
-    compiled = job_config.compile.enable and "model" in job_config.compile.components
+    done yet. The model's args and the planner both call it."""
     _require(tp == 1 or not compiled,
              f"{where}: block compile ([compile] enable with components including \"model\") "
              f"with [parallelism] tensor_parallel_degree = {tp} is not supported for "

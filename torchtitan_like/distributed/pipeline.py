@@ -142,7 +142,7 @@ def validate_pipeline(config: JobConfig) -> None:
                  f"{split}, but op-level selective activation checkpointing allows one backward "
                  "per region; use [activation_checkpoint] mode = full or selective_ac_option = "
                  f"N, {other}")
-        _require(not (compile_.enable and "model" in compile_.components),
+        _require(not compile_.compiles_blocks,
                  f"{split}, which compiled blocks do not support (torch 2.13 refuses the second "
                  "call, and with donated buffers off the weight gradients come out wrong); "
                  f"remove model from [compile] components, {other}")

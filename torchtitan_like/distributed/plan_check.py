@@ -46,7 +46,7 @@ def check_plan_applied(model_name: str, parts: list[nn.Module], parallel_dims: P
             any(isinstance(m, CheckpointWrapper) for m in part.modules()) for part in parts):
         raise ConfigError(fix.format(f"activation checkpointing, but [activation_checkpoint] "
                                      f"mode = {ac.mode!r}", "set mode = \"none\""))
-    if config.compile.enable and "model" in config.compile.components and not all(
+    if config.compile.compiles_blocks and not all(
             any(_compiled(m) for m in part.modules()) for part in parts):
         raise ConfigError(fix.format("torch.compile to any block, but [compile] enable = true "
                                      "with components including \"model\"",

@@ -87,7 +87,7 @@ def _validate_async_tp(config: JobConfig, tp: int) -> None:
             "collectives with matmuls through symmetric memory, which exists only on CUDA, and "
             "on CPU inductor's micro-pipeline pass silently does nothing; set it to false"
         )
-    if not (config.compile.enable and "model" in config.compile.components):
+    if not config.compile.compiles_blocks:
         raise ConfigError(
             "[parallelism] enable_async_tensor_parallel is an inductor pass: it needs "
             '[compile] enable = true with "model" in [compile] components'

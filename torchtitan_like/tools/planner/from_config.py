@@ -64,7 +64,7 @@ def from_job_config(config: JobConfig, num_gpus: int) -> tuple[ModelShape, Workl
         layout_rules.check_microbatches(dims.pp, stages_per_rank(p), p.pipeline_parallel_schedule,
                                         t.local_batch_size, microbatch)
     reshard = {"default": None, "always": True, "never": False}[p.fsdp_reshard_after_forward]
-    compiled = config.compile.enable and "model" in config.compile.components
+    compiled = config.compile.compiles_blocks
     layout = Layout(dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard, cp=dims.cp,
                     tp=dims.tp, pp=dims.pp, local_batch_size=microbatch, ac=ac_of(config),
                     pp_schedule=p.pipeline_parallel_schedule,

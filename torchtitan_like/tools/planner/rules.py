@@ -55,4 +55,7 @@ def _trainer_rules(m: ModelShape, work: Workload, layout: Layout) -> int:
                         cp=layout.cp, tp=t, world_size=layout.num_gpus, ep=layout.ep,
                         etp=t if m.num_experts else 1)  # under TP the trainer runs ETP = TP
     validate_expert_layout(dims, m.num_experts)
+    if m.num_experts:
+        rules.check_moe_tensor_parallel(t, m.args.moe.aux_loss_coeff, float8=layout.float8,
+                                        compiled=layout.compile, where="the model")
     return steps * per_schedule
