@@ -20,6 +20,19 @@ summed in another order, class (b) of tests/harness.py, FP32_PARITY_TOL = 1e-5 (
 1.4e-6 on these losses). Every rank routes every token from the same replicated gate, so the
 token counts, and hence the bias, stay identical to one process.
 
+ETP = 1 under TP (``tp2_ep2_etp1``: TP 2 x EP 2 on 2 processes, EP over the TP pair;
+``fsdp2_tp2_ep2_etp1``: FSDP 2 x TP 2 x EP 2 on 4, every expert FSDP-sharded over the 2 ranks
+that share it): the MoE layer runs on each rank's own sequence shard. Each rank routes its
+tokens with the replicated gate (the same scores, hence the same choices, as one process) and
+sends them to their experts, which compute each token's row from the same weights; an
+expert's rows now come in another order (the first halves of the sequences, from the rank
+holding them, then the second halves), so its weight gradient sums the same terms in another
+order, as do the replicated weights' gradients (router, shared experts: partial sums over each
+rank's tokens, all-reduced over TP) and FSDP's reduce-scatters: class (b) of
+tests/harness.py, FP32_PARITY_TOL = 1e-5. Each rank counts only its own tokens; the counts are
+summed over TP before they feed the bias and the load metrics, which must therefore equal one
+process's exactly.
+
 Per-block compile (on one process, and under EP=2) compiles each MoE block's attention, router
 and shared experts and leaves the routing glue, the all-to-alls and the routed experts eager
 (distributed/compile.py): the same ops as eager, with inductor's fused kernels free to reorder
@@ -67,6 +80,9 @@ TWO = {
     "tp2_etp2": [*MOE, "--parallelism.tensor_parallel_degree", "2",
                  "--parallelism.expert_tensor_parallel_degree", "2", "--training.local_batch_size",
                  "4"],
+    # TP 2 x EP 2, ETP 1: EP borrows the TP pair, each rank routes its own sequence shard
+    "tp2_ep2_etp1": ep(2, "--parallelism.tensor_parallel_degree", "2",
+                       "--training.local_batch_size", "4"),
 }
 FOUR = {
     "hsdp_2x2_ep2": ep(2, "--parallelism.data_parallel_replicate_degree", "2", *LOCAL1),
@@ -76,7 +92,10 @@ FOUR = {
                        "--parallelism.expert_tensor_parallel_degree", "2"),
     "pp2_ep2": ep(2, "--parallelism.pipeline_parallel_degree", "2",  # 1F1B, 2 microbatches
                   "--parallelism.pipeline_parallel_microbatch_size", "1"),
+    # FSDP 2 x TP 2 x EP 2, ETP 1: EP over each TP pair, experts FSDP-sharded over dp_shard
+    "fsdp2_tp2_ep2_etp1": ep(2, "--parallelism.tensor_parallel_degree", "2"),
 }
+ETP1 = ["tp2_ep2_etp1", "fsdp2_tp2_ep2_etp1"]
 RESUMED = ["ep2_from_one", "one_from_ep2"]
 
 
@@ -132,6 +151,19 @@ def test_matches_one_process(runs, case):
     # Rank 0 records the MoE layers it holds: all of them, or under PP its stage's (the first).
     held = len(biases[case][0])
     assert held >= 1 and biases[case] == [step[:held] for step in biases["reference"]]
+
+
+@pytest.mark.parametrize("case", ETP1)
+def test_etp1_load_metrics_count_every_token(runs, case):
+    """Under ETP = 1 each TP rank routes its own tokens; the logged load (max / mean tokens per
+    expert) is still the global batch's: the same numbers as one process."""
+    records, _ = runs
+    reference = [r for r in records["reference"] if "loss" in r]
+    names = [name for name in reference[0] if name.startswith("moe_imbalance/")]
+    assert len(names) == 4  # the worst layer and each of the 3 MoE layers
+    for name in names:
+        ours = [r[name] for r in records[case] if "loss" in r]
+        assert ours == [r[name] for r in reference], name
 
 
 @pytest.mark.parametrize("case", ["compile", "ep2_compile"])

@@ -40,8 +40,9 @@ def test_dense_model_refuses_ep():
     (6, {"ep": 4}, 8, r"must divide the ranks it borrows, dp_shard x cp = 6"),
     (4, {"ep": 4}, 6, "must divide the model's 6 routed experts"),
     (8, {"ep": 2, "tp": 2, "etp": 2}, 8, "expert weights over the 2 ranks that would share"),
-    (8, {"ep": 4, "tp": 2}, 8, "expert_tensor_parallel_degree = 1 with tensor_parallel"),
-    (2, {"tp": 2}, 8, "expert_tensor_parallel_degree = 1 with tensor_parallel_degree = 2"),
+    (2, {"tp": 2}, 8, "expert_tensor_parallel_degree = 1 with tensor_parallel_degree = 2 and "
+                      "expert_parallel_degree = 1"),
+    (4, {"tp": 4, "ep": 2}, 8, "leaves 2 TP ranks holding the same experts, and without data"),
 ])
 def test_impossible_layouts(world, kwargs, experts, message):
     with pytest.raises(ConfigError, match=message):
@@ -51,7 +52,10 @@ def test_impossible_layouts(world, kwargs, experts, message):
 def test_possible_layouts():
     for kwargs in ({"ep": 2}, {"ep": 2, "cp": 2}, {"ep": 4, "pp": 2, "dp_replicate": 1},
                    {"tp": 2, "etp": 2}, {"tp": 4, "etp": 4, "pp": 2},
-                   {"ep": 4, "tp": 2, "etp": 2}):
+                   {"ep": 4, "tp": 2, "etp": 2},
+                   # ETP = 1: EP borrows the TP ranks (with FSDP of the experts: efsdp 4, 2)
+                   {"ep": 2, "tp": 2}, {"ep": 4, "tp": 2}, {"ep": 8, "tp": 2},
+                   {"ep": 2, "tp": 2, "dp_replicate": 2}, {"ep": 2, "tp": 2, "cp": 2}):
         validate_expert_layout(ParallelDims.resolve(8, **kwargs), 8)
 
 
@@ -59,9 +63,11 @@ def test_possible_layouts():
                                    ["--model.name", "deepseek_v3", "--model.flavor",
                                     "debugmodel"]])
 def test_moe_models_take_tensor_parallel(model):
-    """TP with the experts split over it starts; the aux loss and ETP = 1 under TP do not."""
+    """TP with the experts split over it starts, and ETP = 1 with EP borrowing the TP ranks;
+    the aux loss under TP, and ETP = 1 without EP, do not."""
     tp = ["--parallelism.tensor_parallel_degree", "2"]
     parse_args([*model, *tp, "--parallelism.expert_tensor_parallel_degree", "2"], 2)
+    parse_args([*model, *tp, "--parallelism.expert_parallel_degree", "2"], 2)
     with pytest.raises(ConfigError, match="set expert_tensor_parallel_degree = 2"):
         parse_args([*model, *tp], 2)
     with pytest.raises(ConfigError, match=r"float8\] enable with .* is not supported"):

@@ -25,6 +25,7 @@ from torchtitan_like.tools.planner import (
     search,
 )
 from torchtitan_like.tools.planner import step_time as st
+from torchtitan_like.tools.planner.moe import expert_split
 
 V3 = ModelShape.from_args(deepseek_v3_flavors["671B"])
 QWEN = ModelShape.from_args(qwen3_flavors["30B-A3B"])
@@ -58,6 +59,8 @@ def test_expert_weights_divide_over_ep():
     e, dense = QWEN.expert_block_params, QWEN.block_params - QWEN.expert_block_params
     assert QWEN.gathered_block_params(1, 8) == pytest.approx(dense + e / 8)
     assert QWEN.gathered_block_params(2, 4) == pytest.approx(dense / 2 + e / 4)
+    # Routed experts split over ep x ETP: ETP = 1 under EP, = TP without EP.
+    assert [expert_split(Layout(tp=2, ep=ep)) for ep in (1, 2, 4)] == [2, 2, 4]
     cluster, work = Cluster(H100, 8), Workload(seq_len=8192, global_batch=16)
     one, eight = (plan(QWEN, cluster, work, Layout(dp_shard=8, ac="none", ep=ep,
                                                    local_batch_size=2,
@@ -84,6 +87,11 @@ def test_all_to_all_volume_and_link():
     ep = next(c for c in comms if c.dim == "ep")
     assert ep.link == "inter-node"  # half of each rank's copies cross the network
     assert ep.bytes_per_step == pytest.approx(per_pass * 3 * 48 * 8 / 16)
+    # ETP = 1 under TP: each TP rank dispatches its own half of the sequence.
+    comms = communication(QWEN, node, Workload(4096, 8), Layout(dp_shard=4, tp=2, ep=8), 1)
+    ep = next(c for c in comms if c.dim == "ep")
+    assert (ep.link, ep.group) == ("intra-node", 8)
+    assert ep.bytes_per_step == pytest.approx(per_pass / 2 * 2 * 48 * 7 / 8)
     dense_only = communication(QWEN, node, Workload(4096, 8), Layout(dp_shard=8), 1)
     assert all(c.dim != "ep" for c in dense_only)
 
@@ -108,7 +116,10 @@ def test_ep_rules_are_the_trainers():
         plan(dense, cluster, work, Layout(dp_shard=8, ep=2))
     with pytest.raises(LayoutError, match="block compile"):  # the trainer refuses it too
         plan(QWEN, cluster, work, Layout(dp_shard=4, tp=2, compile=True))
-    plan(QWEN, cluster, work, Layout(dp_shard=4, tp=2))  # MoE under TP: ETP = TP
+    plan(QWEN, cluster, work, Layout(dp_shard=4, tp=2))  # MoE under TP, no EP: ETP = TP
+    plan(QWEN, cluster, work, Layout(dp_shard=4, tp=2, ep=8))  # ETP = 1: EP borrows TP too
+    with pytest.raises(LayoutError, match="no FSDP sums their gradients"):
+        plan(QWEN, Cluster(H100, 4), work, Layout(tp=4, ep=2))
 
 
 def test_search_varies_ep_and_keeps_a_pinned_one():

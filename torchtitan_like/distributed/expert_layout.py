@@ -76,22 +76,35 @@ def validate_expert_layout(dims: ParallelDims, num_experts: int) -> None:
 
 
 def _check_experts_under_tp(dims: ParallelDims) -> None:
-    """Under TP the experts split over the TP ranks like the dense feed-forward (ETP = TP,
-    distributed/local_tp.py), with EP on top over dp_shard x cp ranks. What is not built is
-    refused."""
+    """Under TP the experts either split over the TP ranks like the dense feed-forward (ETP =
+    TP, distributed/local_tp.py), with EP on top over dp_shard x cp ranks, or stay whole
+    (ETP = 1) on the EP ranks, EP borrowing the TP ranks, each of which routes its own sequence
+    shard. What is not built is refused."""
     tp = f"tensor_parallel_degree = {dims.tp}"
-    if dims.etp == 1:
+    sharing = efsdp_degree(dims) * dims.dp_replicate
+    if dims.etp == 1 and dims.ep == 1:
         raise ConfigError(
-            f"[parallelism] expert_tensor_parallel_degree = 1 with {tp}: experts replicated "
-            f"over the TP ranks are not implemented; set expert_tensor_parallel_degree = "
-            f"{dims.tp} (every expert split over the TP ranks like the dense feed-forward)"
+            f"[parallelism] expert_tensor_parallel_degree = 1 with {tp} and "
+            "expert_parallel_degree = 1: experts replicated on every TP rank are not "
+            f"implemented; set expert_tensor_parallel_degree = {dims.tp} (every expert split "
+            "over the TP ranks like the dense feed-forward), or expert_parallel_degree > 1 "
+            "(EP then borrows the TP ranks)"
         )
-    if dims.ep > 1 and efsdp_degree(dims) * dims.dp_replicate > 1:
+    if dims.etp == 1 and sharing > 1 and dims.dp_replicate * dims.dp_shard * dims.cp == 1:
         raise ConfigError(
-            f"[parallelism] expert_parallel_degree = {dims.ep} with {tp}: FSDP of the expert "
-            f"weights over the {efsdp_degree(dims) * dims.dp_replicate} ranks that would share "
-            "them is not tested yet with TP; set expert_parallel_degree = data_parallel_shard "
-            "x context_parallel degree (no data_parallel_replicate), or use EP without TP"
+            f"[parallelism] expert_parallel_degree = {dims.ep} with {tp} and "
+            f"expert_tensor_parallel_degree = 1 leaves {sharing} TP ranks holding the same "
+            "experts, and without data or context parallelism no FSDP sums their gradients; "
+            f"set expert_parallel_degree = {borrowed_ranks(dims)}"
+        )
+    if dims.etp > 1 and dims.ep > 1 and sharing > 1:
+        raise ConfigError(
+            f"[parallelism] expert_parallel_degree = {dims.ep} with {tp} and "
+            f"expert_tensor_parallel_degree = {dims.etp}: FSDP of the expert weights over the "
+            f"{sharing} ranks that would share them is not tested yet with ETP = TP; set "
+            "expert_parallel_degree = data_parallel_shard x context_parallel degree (no "
+            "data_parallel_replicate), or expert_tensor_parallel_degree = 1 (EP borrowing the "
+            "TP ranks too, expert FSDP tested)"
         )
 
 

@@ -33,6 +33,15 @@ one a view whose backward all-reduces), and put back after it. Parameters anothe
 (routed experts under expert parallelism) are left alone. FSDP's unsharded parameters are
 DTensors on the TP mesh, so the swap composes with FSDP, and with activation checkpointing (a
 recomputed forward swaps again).
+
+Sequence-local regions (``gather_sequence=False``): a MoE layer whose routed experts are not
+split over TP (ETP = 1: expert parallelism borrowed the TP ranks) runs on this rank's own
+sequence shard, no all-gather in, no reduce-scatter out. Every parameter of the region is
+replicated: each rank routes its own tokens with the whole gate, sends them to their experts
+over the ``ep`` group (which spans TP ranks) and gets their outputs back, and runs the shared
+experts whole on them. The output is then complete for the rank's tokens (no partial sums),
+so is the input gradient; a replicated parameter's gradient is the sum over tokens, split over
+the TP ranks by their shards: all-reduced over TP, like a sequence-parallel norm's.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import (
@@ -61,13 +71,16 @@ class LocalTensorParallel(ParallelStyle):
     ``sharded`` maps a parameter name (relative to ``module``) to the dim it is split along;
     every other parameter is replicated. The first positional input is the sequence-sharded
     hidden state (a Shard(1) DTensor or local tensor); other inputs pass through. The output
-    is the local Shard(1) tensor.
+    is the local Shard(1) tensor. ``gather_sequence=False``: a sequence-local region (module
+    docstring), computed on the rank's own shard.
     """
 
-    def __init__(self, sharded: Mapping[str, int], elsewhere: tuple[str, ...] = ()):
+    def __init__(self, sharded: Mapping[str, int], elsewhere: tuple[str, ...] = (),
+                 gather_sequence: bool = True):
         super().__init__()
         self.sharded = dict(sharded)
         self.elsewhere = elsewhere
+        self.gather_sequence = gather_sequence
 
     def _owned(self, module: nn.Module) -> list[tuple[nn.Module, str, str]]:
         """(owner module, parameter name in it, name in ``module``) of every parameter of the
@@ -92,30 +105,40 @@ class LocalTensorParallel(ParallelStyle):
                 distribute_tensor(param, device_mesh, [placement]),
                 requires_grad=param.requires_grad))
         slots = [(owner, leaf) for owner, leaf, _ in owned]
-        module.register_forward_pre_hook(lambda m, args: _enter(m, args, device_mesh, slots))
-        module.register_forward_hook(lambda m, _args, out: _leave(m, out, device_mesh))
+        gather = self.gather_sequence
+        module.register_forward_pre_hook(
+            lambda m, args: _enter(m, args, device_mesh, slots, gather))
+        module.register_forward_hook(lambda m, _args, out: _leave(m, out, device_mesh, gather))
         return module
 
 
 def _enter(module: nn.Module, args: tuple, mesh: DeviceMesh,
-           slots: list[tuple[nn.Module, str]]) -> tuple:
-    """All-gather the sequence (its local gradient is a partial sum: reduce-scattered) and
-    swap in the local views of the region's parameters (``slots``: owner, name)."""
+           slots: list[tuple[nn.Module, str]], gather: bool) -> tuple:
+    """All-gather the sequence (its local gradient is a partial sum: reduce-scattered), or
+    take the local shard, and swap in the local views of the region's parameters (``slots``:
+    owner, name)."""
     x, *rest = args
-    if not isinstance(x, DTensor):
-        x = DTensor.from_local(x, mesh, [Shard(1)], run_check=False)
-    full = x.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial()])
+    if not gather:
+        full = x.to_local() if isinstance(x, DTensor) else x
+    else:
+        if not isinstance(x, DTensor):
+            x = DTensor.from_local(x, mesh, [Shard(1)], run_check=False)
+        full = x.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial()])
     module._local_tp_saved = [(owner, leaf, owner._parameters[leaf]) for owner, leaf in slots]
     for owner, leaf, param in module._local_tp_saved:
         owner._parameters[leaf] = _local_view(param)
     return (full, *rest)
 
 
-def _leave(module: nn.Module, output: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-    """Put the parameters back; reduce-scatter the partial sums to sequence shards."""
+def _leave(module: nn.Module, output: torch.Tensor, mesh: DeviceMesh,
+           gather: bool) -> torch.Tensor:
+    """Put the parameters back; reduce-scatter the partial sums to sequence shards (a
+    sequence-local region's output is already this rank's shard, complete)."""
     for owner, leaf, param in module._local_tp_saved:
         owner._parameters[leaf] = param
     del module._local_tp_saved
+    if not gather:
+        return output
     partial = DTensor.from_local(output, mesh, [Partial()], run_check=False)
     return partial.redistribute(mesh, [Shard(1)]).to_local()
 
@@ -137,14 +160,38 @@ experts' SwiGLU the same way; the router's gate is replicated (every rank routes
 identically, so the token sort and the load counts equal one process's)."""
 
 
-def moe_tp_plan(block: nn.Module, name: str = "moe",
-                expert_parallel: bool = False) -> dict[str, ParallelStyle]:
+class SummedOverTP(ParallelStyle):
+    """The module's output, an integer count of this rank's tokens (a MoE layer's
+    ``TokenLoad``), summed over the TP ranks: in a sequence-local region each counts its own
+    shard, and the sum is what one process counts over the group's tokens. Not
+    differentiable: a plain all-reduce of a copy (the rank's own counts stay as they are)."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def summed(_module: nn.Module, _args: tuple, counts: torch.Tensor) -> torch.Tensor:
+            total = counts.clone()
+            dist.all_reduce(total, group=device_mesh.get_group())
+            return total
+
+        module.register_forward_hook(summed)
+        return module
+
+
+def moe_tp_plan(block: nn.Module, name: str = "moe", expert_parallel: bool = False,
+                experts_over_tp: bool = True) -> dict[str, ParallelStyle]:
     """TP plan entry for the MoE layer ``block.<name>`` (experts split as ``MOE_SHARDED``).
     Under expert parallelism the routed experts are left to it: it splits them over its
     ``(ep, etp)`` mesh (distributed/expert_parallel.py) and they still compute inside this
-    region, each TP rank its hidden slice."""
+    region, each TP rank its hidden slice.
+
+    ``experts_over_tp=False`` (ETP = 1, EP borrowing the TP ranks): a sequence-local region
+    (module docstring), every parameter but the routed experts replicated, and the layer's
+    ``TokenLoad`` summed over TP (``SummedOverTP``), so the balancing bias and the load metrics
+    count the TP group's tokens, as one process does."""
     moe = block.get_submodule(name)
     elsewhere = ("experts",) if expert_parallel else ()
+    if not experts_over_tp:
+        return {name: LocalTensorParallel({}, elsewhere, gather_sequence=False),
+                f"{name}.load": SummedOverTP()}
     present = {p for p, _ in moe.named_parameters()
                if not (expert_parallel and p.startswith("experts."))}
     return {name: LocalTensorParallel({p: d for p, d in MOE_SHARDED.items() if p in present},

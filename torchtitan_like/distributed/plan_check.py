@@ -30,9 +30,10 @@ def _compiled(module: nn.Module) -> bool:
 
 
 def _on_tp_mesh(parameter: nn.Parameter) -> bool:
-    """On the TP mesh, or (routed experts under ETP = TP) on the expert mesh's ``etp`` dim."""
+    """On the TP mesh, or (routed experts) on the expert mesh: its ``etp`` dim under ETP = TP,
+    its ``ep`` dim under ETP = 1 (expert parallelism borrowed the TP ranks)."""
     dims = (parameter.device_mesh.mesh_dim_names or ()) if isinstance(parameter, DTensor) else ()
-    return "tp" in dims or "etp" in dims
+    return bool({"tp", "etp", "ep"} & set(dims))
 
 
 def check_plan_applied(model_name: str, parts: list[nn.Module], parallel_dims: ParallelDims,

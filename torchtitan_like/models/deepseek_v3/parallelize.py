@@ -19,7 +19,9 @@ all-gather in and one reduce-scatter out:
   and their norms are replicated: every head reads the whole latent, and ``wkv_a`` also makes
   the one decoupled RoPE key all heads share, so every rank rotates it whole (the same table,
   the same positions) and expands it to its own heads;
-- the MoE layer: router replicated, every expert split by hidden features (local_tp.py).
+- the MoE layer: router replicated, every expert split by hidden features (local_tp.py);
+  under ETP = 1 (expert parallelism borrowing the TP ranks) it runs instead on each rank's own
+  sequence shard, its routed experts whole on their EP ranks.
 """
 
 from __future__ import annotations
@@ -44,13 +46,14 @@ MLA_SHARDED = {"wq.weight": 0, "wq_b.weight": 0, "wkv_b.weight": 0, "wo.weight":
 the rest (wq_a, q_norm, wkv_a, kv_norm) is replicated."""
 
 
-def block_tp_plan(block: nn.Module, device_type: str, expert_parallel: bool = False
-                  ) -> dict[str, ParallelStyle]:
+def block_tp_plan(block: nn.Module, device_type: str, expert_parallel: bool = False,
+                  experts_over_tp: bool = True) -> dict[str, ParallelStyle]:
     """One block: sequence parallel norms, MLA as a local TP region, then the dense SwiGLU
-    pair or the MoE region (its routed experts left to expert parallelism when it is on)."""
+    pair or the MoE region (its routed experts left to expert parallelism when it is on;
+    ``experts_over_tp=False``: ETP = 1, the MoE layer runs on each rank's sequence shard)."""
     present = {name for name, _ in block.attention.named_parameters()}
-    ffn = (moe_tp_plan(block, expert_parallel=expert_parallel) if block.moe_enabled
-           else swiglu_plan(block, device_type))
+    ffn = (moe_tp_plan(block, expert_parallel=expert_parallel, experts_over_tp=experts_over_tp)
+           if block.moe_enabled else swiglu_plan(block, device_type))
     return {
         "attention_norm": SequenceParallel(),
         "attention": LocalTensorParallel({p: d for p, d in MLA_SHARDED.items() if p in present}),
@@ -66,7 +69,8 @@ def parallelize_deepseek_v3(
     under EP each experts module first gets its own unit over the expert-FSDP mesh)."""
     if parallel_dims.tp_enabled:
         apply_tp(model, meshes.tp, loss_parallel=parallel_dims.loss_parallel_enabled,
-                 block_plan=partial(block_tp_plan, expert_parallel=parallel_dims.ep_enabled))
+                 block_plan=partial(block_tp_plan, expert_parallel=parallel_dims.ep_enabled,
+                                    experts_over_tp=parallel_dims.etp > 1))
         maybe_enable_async_tp(config.parallelism.enable_async_tensor_parallel, meshes.tp)
     apply_block_tail(model, model.layers, parallel_dims, meshes, config,
                      before=[[model.tok_embeddings]], after=[[model.norm, model.output]],

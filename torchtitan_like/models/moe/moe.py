@@ -3,7 +3,9 @@ the shared experts. Dropless: every token reaches all of its top-k experts.
 
 Load balancing lives here as state, not as parallelism: ``expert_bias`` (persistent, saved in
 checkpoints) steers the choice of experts and is updated after each optimizer step by
-balancing.py from ``tokens_per_expert``, which this layer counts in forward. The sequence-wise
+balancing.py from ``tokens_per_expert``, which this layer counts in forward (through
+``TokenLoad``, the seam where a parallel plan completes the counts of ranks that route parts of
+one group's tokens). The sequence-wise
 auxiliary loss reaches the training loss through the step hooks (``step_hooks.add_loss``)."""
 
 from __future__ import annotations
@@ -18,6 +20,18 @@ from torchtitan_like.models.llama3.model import FeedForward
 from torchtitan_like.models.moe.args import MoEArgs
 from torchtitan_like.models.moe.experts import GroupedExperts
 from torchtitan_like.models.moe.router import TokenChoiceTopKRouter
+
+
+class TokenLoad(nn.Module):
+    """The per-expert token counts a MoE layer records as its load (the balancing bias, the
+    load metrics): the counts of the tokens it routed, unchanged here. Where the ranks of a
+    group each route only part of the tokens that one set of counts stands for (tensor-parallel
+    ranks routing their own sequence shards, ETP = 1), the parallel plan sums this module's
+    output over them (distributed/local_tp.py), so that every layout records one process's
+    load. The dispatch to the experts keeps the rank's own counts."""
+
+    def forward(self, counts: torch.Tensor) -> torch.Tensor:
+        return counts
 
 
 class MoE(nn.Module):
@@ -39,6 +53,7 @@ class MoE(nn.Module):
             self.register_buffer("expert_bias", torch.zeros(args.num_experts), persistent=True)
         self.register_buffer("tokens_per_expert", torch.zeros(args.num_experts),
                              persistent=False)
+        self.load = TokenLoad()
         self.step_hooks = None  # set by attach_step_hooks (components/model_hooks.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -49,12 +64,10 @@ class MoE(nn.Module):
         counts = torch.zeros(self.args.num_experts, dtype=torch.int64, device=x.device)
         counts.scatter_add_(0, selected.flatten(), torch.ones_like(selected.flatten()))
         self._count_tokens(counts)
-        if self.step_hooks is not None:
-            self._record_load(counts)
-            if self.args.aux_loss_coeff > 0:
-                aux = sequence_balance_loss(scores, selected, bs, self.args)
-                x = self.step_hooks.add_loss("moe_aux", x, aux)
-                flat = x.reshape(-1, dim)
+        if self.step_hooks is not None and self.args.aux_loss_coeff > 0:
+            aux = sequence_balance_loss(scores, selected, bs, self.args)
+            x = self.step_hooks.add_loss("moe_aux", x, aux)
+            flat = x.reshape(-1, dim)
         # Sort the (token, choice) pairs by expert; a stable sort keeps token order within an
         # expert, so the layout of every expert's rows is fixed by the data alone.
         order = torch.argsort(selected.flatten(), stable=True)
@@ -66,17 +79,22 @@ class MoE(nn.Module):
         return out.view(bs, seq_len, dim)
 
     def _count_tokens(self, counts: torch.Tensor) -> None:
-        """Accumulate the load for the bias update in the forwards of real training
-        microbatches only: with step hooks attached, exactly the forwards they record (not a
-        pipeline's metadata-inference forward on uninitialised tensors); without, training-mode
-        forwards with autograd on. Never while activation checkpointing recomputes a forward
-        inside backward, which would count every token twice."""
+        """Accumulate the load (``TokenLoad`` of ``counts``) for the bias update, and record
+        it as a metric, in the forwards of real training microbatches only: with step hooks
+        attached, exactly the forwards they record (not a pipeline's metadata-inference
+        forward on uninitialised tensors); without, training-mode forwards with autograd on.
+        Never while activation checkpointing recomputes a forward inside backward, which would
+        count every token twice."""
         if self.step_hooks is not None:
             counted = self.step_hooks.records_now
         else:
             counted = self.training and torch.is_grad_enabled() and not recomputing()
-        if counted:
-            self.tokens_per_expert.add_(counts.to(self.tokens_per_expert.dtype))
+        if not counted:
+            return
+        load = self.load(counts)
+        self.tokens_per_expert.add_(load.to(self.tokens_per_expert.dtype))
+        if self.step_hooks is not None:
+            self._record_load(load)
 
     def _record_load(self, counts: torch.Tensor) -> None:
         """Per step, this layer's max/mean tokens per expert over the global batch (metrics

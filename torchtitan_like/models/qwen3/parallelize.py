@@ -7,9 +7,10 @@ does; only the norm weights' gradients need all ranks: every rank's heads contri
 ``SequenceParallel(sequence_dim=2)`` says precisely that: the input is sharded on dim 2 (the
 heads of (bs, seq, heads, head_dim)), the weight is a replicated DTensor whose gradient is
 summed over the TP ranks. Under TP a MoE layer all-gathers the sequence, routes every token on
-every rank and computes its slice of every expert (distributed/local_tp.py); FSDP shards MoE
-blocks as any block, and expert parallelism (without TP) shards their routed experts (the
-shared tail of distributed/plan_toolkit.py, as for deepseek_v3). With no selection bias in
+every rank and computes its slice of every expert (distributed/local_tp.py; with ETP = 1 it
+routes each rank's own sequence shard instead, EP borrowing the TP ranks); FSDP shards MoE
+blocks as any block, and expert parallelism shards their routed experts (the shared tail of
+distributed/plan_toolkit.py, as for deepseek_v3). With no selection bias in
 Qwen3-MoE there is no optimizer hook to register.
 """
 
@@ -29,15 +30,17 @@ from torchtitan_like.models.moe import routed_experts
 from torchtitan_like.models.qwen3.model import Qwen3Model
 
 
-def qwen3_block_tp_plan(block: nn.Module, device_type: str, expert_parallel: bool = False
-                        ) -> dict[str, ParallelStyle]:
+def qwen3_block_tp_plan(block: nn.Module, device_type: str, expert_parallel: bool = False,
+                        experts_over_tp: bool = True) -> dict[str, ParallelStyle]:
     """Llama's block plan plus head-sharded q/k norms (local tensors out, as RoPE expects); a
     MoE block's ``moe`` runs as one local TP region with its experts split over TP
-    (distributed/local_tp.py) where llama's block has its SwiGLU pair."""
+    (distributed/local_tp.py) where llama's block has its SwiGLU pair (on each rank's own
+    sequence shard instead under ETP = 1, ``experts_over_tp=False``)."""
     if block.moe_enabled:
         plan = {"attention_norm": SequenceParallel(), **attention_plan(block, device_type),
                 "ffn_norm": SequenceParallel(),
-                **moe_tp_plan(block, expert_parallel=expert_parallel)}
+                **moe_tp_plan(block, expert_parallel=expert_parallel,
+                              experts_over_tp=experts_over_tp)}
     else:
         plan = block_tp_plan(block, device_type)
     return {
@@ -51,5 +54,6 @@ def parallelize_qwen3(model: Qwen3Model, parallel_dims: ParallelDims, meshes: Me
                       config: JobConfig) -> Qwen3Model:
     return parallelize_llama(model, parallel_dims, meshes, config,
                              block_plan=partial(qwen3_block_tp_plan,
-                                                expert_parallel=parallel_dims.ep_enabled),
+                                                expert_parallel=parallel_dims.ep_enabled,
+                                                experts_over_tp=parallel_dims.etp > 1),
                              routed_experts=routed_experts(model.layers.values()))

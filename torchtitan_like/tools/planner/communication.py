@@ -8,11 +8,10 @@ parallelism all-gathers and reduce-scatters sbh twice per layer forward and twic
 (and their gradients back); PP sends a microbatch's activations forward and its gradient back,
 once per model chunk; EP's all-to-alls dispatch and combine every MoE layer's routed tokens
 (tools/planner/moe.py: its formula), and FSDP gathers routed experts over the expert-FSDP ranks
-(efsdp = dp_shard x cp x tp / ep), 1/ep of them per GPU. Each ring step also costs a hop
-latency (``HOP_LATENCY_S``). A group whose ranks fit in one node (the mesh is [pp,
+(efsdp = dp_shard x cp x tp / (ep x ETP)), 1/(ep x ETP) of them per GPU. Each ring step also
+costs a hop latency (``HOP_LATENCY_S``). A group whose ranks fit in one node (the mesh is [pp,
 dp_replicate, dp_shard, cp, tp], TP innermost) uses the intra-node link. How much of each
-transfer the step
-waits for is step_time.py's business.
+transfer the step waits for is step_time.py's business.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 from torchtitan_like.tools.planner.inputs import Cluster, Layout, ModelShape, Workload
-from torchtitan_like.tools.planner.moe import all_to_all_bytes, all_to_all_share
+from torchtitan_like.tools.planner.moe import all_to_all_bytes, all_to_all_share, expert_split
 from torchtitan_like.tools.planner.schedule import busiest_rank_layers, checkpointed, rank_layers
 
 HOP_LATENCY_S = {"intra-node": 5e-6, "inter-node": 15e-6}
@@ -85,8 +84,9 @@ def communication(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
     syncs = 1 if pp > 1 else microbatches  # pipelined FSDP reduces once per step
     gathers = 1 if pp > 1 else microbatches * (2 if layout.reshard else 1)
     per_param = gathers * prec.compute_bytes + syncs * prec.reduce_bytes
-    efsdp = n * t // layout.ep
-    fsdp = ring_volume(n, local * per_param) + ring_volume(efsdp, experts / layout.ep * per_param)
+    split = expert_split(layout)  # ep x ETP ranks hold different experts' weights
+    efsdp = n * t // split
+    fsdp = ring_volume(n, local * per_param) + ring_volume(efsdp, experts / split * per_param)
     units = layers + 2  # one FSDP unit per block, the embedding and the head
     add("fsdp", n, t * n, fsdp, units * (gathers + syncs) * (n - 1))
     r = layout.dp_replicate

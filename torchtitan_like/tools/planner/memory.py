@@ -47,6 +47,7 @@ import dataclasses
 
 from torchtitan_like.tools.planner.activations import layer_elements
 from torchtitan_like.tools.planner.inputs import GPU, Layout, ModelShape, Workload
+from torchtitan_like.tools.planner.moe import expert_split
 from torchtitan_like.tools.planner.schedule import (
     checkpointed,
     rank_stages,
@@ -95,10 +96,10 @@ class _Weights:
 def stage_gathered(m: ModelShape, layout: Layout, layers: int, first: bool, last: bool
                    ) -> float:
     """Parameters of one stage on one GPU once FSDP gathers them: ``stage_params``, with the
-    routed experts split over EP instead of TP (tools/planner/moe.py)."""
+    routed experts split over EP x ETP instead of TP (tools/planner/moe.py)."""
     experts = layers * m.expert_block_params
     return stage_params(m, layout.tp, layers, first, last) - experts / layout.tp \
-        + experts / layout.ep
+        + experts / expert_split(layout)
 
 
 def _weights(m: ModelShape, work: Workload, layout: Layout, local: float, gathered: float,
@@ -109,7 +110,7 @@ def _weights(m: ModelShape, work: Workload, layout: Layout, local: float, gather
     they accumulate unsharded, in the reduce dtype. ``local``: the stage's parameters on one
     TP rank (sharded state: local / n, experts included, moe.py); ``gathered``: once gathered."""
     prec, cb, n = work.precision, work.precision.compute_bytes, layout.fsdp_degree
-    unit = m.gathered_block_params(layout.tp, layout.ep)
+    unit = m.gathered_block_params(layout.tp, expert_split(layout))
     master = local / n * prec.master_bytes
     w = _Weights(master, master * prec.optimizer_states, prec.master_bytes / n)
     if layout.fsdp_enabled:

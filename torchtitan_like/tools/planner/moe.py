@@ -13,13 +13,15 @@ token's computation multiplies, so FLOPs per token, the GEMM time and MFU follow
 trainer's MFU counts them. Routed-expert weights are stacked per MoE layer,
 ``num_experts x 3 x dim x expert width``.
 
-Expert parallelism (distributed/expert_layout.py): without TP, EP borrows its ranks from
-dp_shard x cp, so an expert weight is split over ``ep`` and FSDP-sharded over
-``efsdp = dp_shard x cp / ep``: its sharded bytes per GPU are those of a dense weight
-(P / (dp_shard x cp)), but FSDP gathers ``1/ep`` of the experts. Under TP the trainer runs
-only ETP = TP (each expert split over the TP ranks like the dense feed-forward, EP over
-dp_shard x cp, the expert weights not FSDP-sharded), so the planner plans that: the bytes per
-GPU are again a dense weight's, and the all-to-all count below stays a per-rank estimate.
+Expert parallelism (distributed/expert_layout.py): the planner plans ETP = 1 under EP
+(``expert_tensor_parallel``), as TorchTitan: EP borrows its ranks from dp_shard x cp x tp, so an
+expert weight is split over ``ep`` and FSDP-sharded over ``efsdp = dp_shard x cp x tp / ep``:
+its sharded bytes per GPU are those of a dense weight (P / (tp x dp_shard x cp)), but FSDP
+gathers ``1/ep`` of the experts, not ``1/tp``. Without EP, under TP, every expert is split over
+the TP ranks like the dense feed-forward (ETP = TP; the trainer refuses ETP = 1 without EP):
+FSDP gathers ``1/tp`` of them, as of any dense weight. The same rule, ``validate_expert_layout``,
+decides what the trainer would accept; ETP = TP with EP on top (EP over dp_shard x cp only),
+which the trainer also runs, is not among the planned layouts.
 
 The all-to-all (``all_to_all_bytes``): each MoE layer dispatches every token's hidden state to
 its top_k experts and combines the k results back, so one microbatch of T tokens on a rank moves
@@ -27,12 +29,14 @@ its top_k experts and combines the k results back, so one microbatch of T tokens
     2 (dispatch + combine) x T x top_k x dim x bytes   per MoE layer, forward,
 
 twice that with the backward (the gradients travel the same way back), plus one more forward
-for every recomputed block. Of it, the share (ep - 1)/ep leaves the rank; across nodes (EP wider
-than a node: the EP ranks are consecutive in the expert mesh, so a node holds gpus_per_node of
-them) the share (ep - g)/ep crosses the network and sets the time at the inter-node bandwidth,
-the NVLink part running beside it. Assumes balanced routing (dropless, so an imbalanced layer
-sends more to its hottest rank), no dedup of tokens sent twice to one node (DeepSeek's node-
-limited routing dedups up to 4 nodes per token: less traffic than this count).
+for every recomputed block; under ETP = 1 each TP rank dispatches only its own sequence shard,
+T = microbatch tokens / (cp x tp). Of it, the share (ep - 1)/ep leaves the rank; across nodes
+(EP wider than a node: the EP ranks are consecutive in the expert mesh, so a node holds
+gpus_per_node of them) the share (ep - g)/ep crosses the network and sets the time at the
+inter-node bandwidth, the NVLink part running beside it. Assumes balanced routing (dropless,
+so an imbalanced layer sends more to its hottest rank), no dedup of tokens sent twice to one
+node (DeepSeek's node-limited routing dedups up to 4 nodes per token: less traffic than this
+count).
 """
 
 from __future__ import annotations
@@ -71,6 +75,19 @@ def attention_fields(args: Any) -> dict[str, int]:
     elif hasattr(args, "inter_dim"):
         fields["ffn_hidden_dim"] = int(args.inter_dim)
     return fields
+
+
+def expert_tensor_parallel(tp: int, ep: int) -> int:
+    """The ETP the planner plans: 1 under expert parallelism (EP borrows the TP ranks, each
+    dispatching its own sequence shard), ``tp`` without it (experts split like the dense
+    feed-forward). Routed experts are split over ``ep x ETP`` ranks either way."""
+    return 1 if ep > 1 else tp
+
+
+def expert_split(layout: Any) -> int:
+    """Ranks one MoE layer's routed-expert weights are split over (``Layout``): by expert over
+    ``ep``, by hidden features over ETP."""
+    return layout.ep * expert_tensor_parallel(layout.tp, layout.ep)
 
 
 def all_to_all_bytes(tokens: float, top_k: int, dim: int, nbytes: int, moe_layers: int,

@@ -16,6 +16,7 @@ from torchtitan_like.tools.planner.inputs import (
     Workload,
     check_ac,
 )
+from torchtitan_like.tools.planner.moe import expert_tensor_parallel
 
 
 def validate_layout(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout) -> int:
@@ -53,7 +54,7 @@ def _trainer_rules(m: ModelShape, work: Workload, layout: Layout) -> int:
         rules.check_stage_count(m.n_layers, layout.pp * layout.stages_per_rank)
     dims = ParallelDims(pp=layout.pp, dp_replicate=layout.dp_replicate, dp_shard=layout.dp_shard,
                         cp=layout.cp, tp=t, world_size=layout.num_gpus, ep=layout.ep,
-                        etp=t if m.num_experts else 1)  # under TP the trainer runs ETP = TP
+                        etp=expert_tensor_parallel(t, layout.ep) if m.num_experts else 1)
     validate_expert_layout(dims, m.num_experts)
     if m.num_experts:
         rules.check_moe_tensor_parallel(t, m.args.moe.aux_loss_coeff, float8=layout.float8,
