@@ -23,6 +23,7 @@ from torchtitan_like.tools.planner import (
     StepTime,
     Workload,
     bubble_formula,
+    communication,
     estimate_step_time,
     plan,
     search,
@@ -185,3 +186,19 @@ def test_reducing_before_the_send_puts_every_stages_reduction_in_a_row():
     deferred = parts(layout, [fsdp]).fsdp
     in_backward = parts(dataclasses.replace(layout, pp_reduce_before_send=True), [fsdp]).fsdp
     assert in_backward - deferred == pytest.approx(3 * 2 / 3)
+
+
+def test_pipelined_fsdp_gathers_once_unless_resharding_after_forward():
+    # PP 2, FSDP 2, 4 microbatches: per parameter 2 bytes per gather + 4 bytes for the one
+    # reduction. The stage keeps its gathered weights across microbatches (1 gather); resharding
+    # after each forward, its first action and each one right after a forward gathers (5).
+    cluster, work = Cluster(H100, 8), Workload(seq_len=SEQ, global_batch=8)
+    layout = Layout(pp=2, dp_shard=2, local_batch_size=1)
+
+    def fsdp_bytes(reshard):
+        comms = communication(M8B, cluster, work, dataclasses.replace(
+            layout, reshard_after_forward=reshard), 4)
+        return next(c.bytes_per_step for c in comms if c.dim == "fsdp")
+
+    assert fsdp_bytes(None) == fsdp_bytes(False)  # the default under PP
+    assert fsdp_bytes(True) / fsdp_bytes(False) == pytest.approx((5 * 2 + 4) / (2 + 4))
