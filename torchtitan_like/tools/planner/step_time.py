@@ -19,9 +19,14 @@
     cp          the ring's K/V exchange overlaps the attention it feeds: only the excess
     fsdp        FSDP/HSDP all-gathers and reduce-scatters overlap compute up to its length;
                 the first unit's gather and the last unit's reduce-scatter are always exposed;
-                under PP the reductions run after the stage's last backward: all exposed
+                under PP the reductions run after the stage's last backward: all exposed,
+                pp times over with a runtime that reduces before sending (see
+                ``_exposed_data_parallel``)
     pp          point-to-point activation transfers (exposed)
-    bubble      (compute + tp + cp + ep) x b / (1 - b), b from schedule.bubble_fraction
+    grad_accumulation  pipelined FSDP's per-microbatch accumulation of the stage's unsharded
+                gradients in the reduce dtype, at HBM bandwidth (``gradient_accumulation``)
+    bubble      (compute + grad_accumulation + tp + cp + ep) x b / (1 - b), b from
+                schedule.bubble_fraction
     ep          MoE all-to-all dispatch and combine (moe.py: its volume): on the critical
                 path, as TP's collectives, since the experts wait for their tokens and the
                 next block for the combined output (no schedule here overlaps them with
@@ -77,6 +82,7 @@ class StepTime:
     pp: float
     bubble: float
     ep: float = 0.0
+    grad_accumulation: float = 0.0
 
     @property
     def compute(self) -> float:
@@ -135,13 +141,47 @@ def compute_times(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
     return gemm, attention, memory_bound, recompute
 
 
+def gradient_accumulation(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout,
+                          microbatches: int) -> float:
+    """Seconds a pipelined FSDP stage spends folding each microbatch's gradients into the
+    unsharded accumulator, on the busiest pipeline rank.
+
+    Under PP, torch.distributed.pipelining runs every microbatch's backward with FSDP's
+    gradient sync off (``set_requires_gradient_sync(False)``), so FSDP2's post-backward keeps
+    each gathered parameter's gradient unsharded: the first microbatch's bf16 gradient is cast
+    to the reduce dtype (``FSDPParam.to_accumulated_grad_if_needed``: read c, write r bytes),
+    every later one is added to it (``accumulate_unsharded_grad_if_needed``: read r + c, write
+    r). Per gathered parameter and step: (c + r) + (m - 1)(c + 2r) bytes of HBM traffic; with
+    the reduce dtype equal to the compute dtype autograd accumulates in place, 3c(m - 1).
+    Without PP, FSDP reduce-scatters every microbatch (counted in ``fsdp``) and nothing of this
+    size stays unsharded. Parameters: the busiest rank's blocks once gathered (dense over TP,
+    experts over EP; the embedding and head are left out)."""
+    if layout.pp == 1 or not layout.fsdp_enabled:
+        return 0.0
+    c, r = work.precision.compute_bytes, work.precision.reduce_bytes
+    per_param = 3 * c * (microbatches - 1) if r == c else (c + r) + (microbatches - 1) * (c + 2 * r)
+    params = busiest_rank_layers(m, layout) * m.gathered_block_params(layout.tp, layout.ep)
+    return params * per_param / (cluster.gpu.hbm_tbps * 1e12)
+
+
 def _exposed_data_parallel(m: ModelShape, work: Workload, layout: Layout,
                            seconds: dict[str, float], compute: float, microbatches: int) -> float:
     """FSDP/HSDP seconds the step waits for. Gathers and reductions overlap compute up to its
     length, and the first unit's gather and the last unit's reduction are always exposed.
     Under PP, torch.distributed.pipelining runs every unit's reduce-scatter (and HSDP's
     all-reduce) after the stage's last backward (``perform_reduce_grad``: FSDP's post_backward
-    for all of them at once, then waiting for them), so the reduction is exposed whole."""
+    for all of them at once, then waiting for them), so the reduction is exposed whole.
+
+    Older runtimes (``layout.pp_reduce_before_send``: torch before pytorch/pytorch#166449)
+    run that post-backward inside the stage's last backward, before its gradient is sent to
+    the previous stage, and FSDP2's post-backward makes the compute stream wait for each unit's
+    reduce-scatter before issuing the next (``comm_ctx.reduce_scatter_state.event``): the last
+    microbatch's backward then crosses every stage only after that stage's reduction, so the
+    step carries the reductions of all pp x v stages in a row, pp x the rank's reduction (the
+    whole of each, where all but its last unit's are waited for). scripts/pp_executor_timing.py
+    checks it on torch's own step tables: 1F1B (pp 8, m 8) and interleaved 1F1B (v 2, m 16)
+    both lengthen by 8 of a rank's reductions.
+    """
     data = seconds.get("fsdp", 0.0) + seconds.get("dp_replicate", 0.0)
     units = rank_layers(m, layout, 0) + 2  # blocks, embedding, head: one FSDP unit each
     if layout.pp == 1:
@@ -151,7 +191,8 @@ def _exposed_data_parallel(m: ModelShape, work: Workload, layout: Layout,
                                                               + prec.reduce_bytes)
     reduce += seconds.get("dp_replicate", 0.0)
     gather = data - reduce
-    return reduce + max(0.0, gather - compute) + gather / units
+    chain = layout.pp if layout.pp_reduce_before_send else 1
+    return chain * reduce + max(0.0, gather - compute) + gather / units
 
 
 def estimate_step_time(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout,
@@ -166,9 +207,10 @@ def estimate_step_time(m: ModelShape, cluster: Cluster, work: Workload, layout: 
     cp = max(0.0, seconds.get("cp", 0.0) - attention)
     ep = seconds.get("ep", 0.0)
     fsdp = _exposed_data_parallel(m, work, layout, seconds, compute, microbatches)
+    accumulation = gradient_accumulation(m, cluster, work, layout, microbatches)
     b = bubble_fraction(layout.pp, microbatches, layout.modelled_schedule,
                         layout.stages_per_rank)
-    bubble = (compute + tp + cp + ep) * b / (1 - b)
+    bubble = (compute + accumulation + tp + cp + ep) * b / (1 - b)
     return StepTime(gemm=gemm, attention=attention, memory_bound=memory_bound,
                     recompute=recompute, tp=tp, cp=cp, fsdp=fsdp, pp=seconds.get("pp", 0.0),
-                    bubble=bubble, ep=ep)
+                    bubble=bubble, ep=ep, grad_accumulation=accumulation)
