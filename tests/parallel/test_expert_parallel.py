@@ -42,7 +42,10 @@ The sequence-wise auxiliary loss under TP 2 (``tp2_aux``): every TP rank compute
 term from the replicated router inside the MoE's local TP region and adds 1/2 of its gradient,
 the region's collectives sum the two halves (components/model_hooks.py,
 ``share_loss_gradients``: exact scaling, class (b) for the sums); the logged aux term is not
-summed over TP, so it is the one-process value.
+summed over TP, so it is the one-process value. Under CP 2 (``cp2_aux``) each rank adds the
+share of its chunk's tokens, with every sequence's expert counts summed over the two CP ranks
+first (integers: exact); the shares add up in the gradient all-reduce and the logged sum, class
+(b).
 
 The balancing bias is compared exactly: it moves by +-coeff from integer token counts summed
 over the data-parallel ranks, so it equals the one-process trajectory unless a routing
@@ -87,6 +90,9 @@ TWO = {
                 "--training.local_batch_size", "4"],
     # CP 2: ring attention over head-tail chunks, MLA's narrower values padded for the ring
     "cp2": [*MOE, *CP2, "--training.local_batch_size", "4"],
+    # the aux loss under CP 2: each sequence's expert counts summed over the two chunk holders
+    "cp2_aux": [*MOE, *CP2, "--model.flavor", "debugmodel_aux", "--training.local_batch_size",
+                "4"],
 }
 FOUR = {
     "hsdp_2x2_ep2": ep(2, "--parallelism.data_parallel_replicate_degree", "2", *LOCAL1),
@@ -100,7 +106,7 @@ FOUR = {
     "cp2_ep2": ep(2, *CP2),
 }
 RESUMED = ["ep2_from_one", "one_from_ep2"]
-AUX = ["ep2_aux", "tp2_aux"]  # against reference_aux
+AUX = ["ep2_aux", "tp2_aux", "cp2_aux"]  # against reference_aux
 MXFP8 = ["--float8.moe_grouped_mm", "mxfp8", "--float8.emulate", "true"]
 """Routed experts in torchao's emulated MXFP8 (components/moe_low_precision.py)."""
 MXFP8_TWO = {
