@@ -108,22 +108,12 @@ def check_context_parallel(cp: int, tp: int, seq_len: int, load_balancer: str) -
              f"= {tp}; choose seq_len divisible by {cp} x {tp} (and by {chunks})")
 
 
-def check_moe_context_parallel(cp: int, aux_loss_coeff: float, where: str) -> None:
-    """The sequence-wise auxiliary balance loss multiplies two statistics of each *whole*
-    sequence (the share of its tokens sent to each expert, and its mean affinities); a CP
-    rank holds only chunks of every sequence, so it would balance its chunks instead. The
-    model's args and the planner both call it."""
-    _require(cp == 1 or aux_loss_coeff == 0,
-             f"{where}: the sequence-wise auxiliary balance loss (aux_loss_coeff = "
-             f"{aux_loss_coeff}) is not supported with [parallelism] context_parallel_degree = "
-             f"{cp} (each CP rank holds only chunks of every sequence); use bias balancing "
-             "(aux_loss_coeff = 0), or context_parallel_degree = 1")
-
-
 def check_moe_sequence_local(tp: int, etp: int, aux_loss_coeff: float, where: str) -> None:
     """Under TP with ETP = 1 each TP rank routes only its own sequence shard
     (distributed/local_tp.py, sequence-local regions), so the sequence-wise auxiliary balance
-    loss would balance shards, as under CP. The model's args and the planner both call it."""
+    loss would see only shards of each sequence (under CP its statistics are summed over the
+    CP ranks, ``StepHooks.sequence_sum``; not over the TP ranks yet). The model's args and the
+    planner both call it."""
     _require(tp == 1 or etp > 1 or aux_loss_coeff == 0,
              f"{where}: the sequence-wise auxiliary balance loss (aux_loss_coeff = "
              f"{aux_loss_coeff}) is not supported with [parallelism] tensor_parallel_degree = "
