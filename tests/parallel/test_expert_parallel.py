@@ -60,7 +60,8 @@ the region's collectives sum the two halves (components/model_hooks.py,
 summed over TP, so it is the one-process value. Under CP 2 (``cp2_aux``) each rank adds the
 share of its chunk's tokens, with every sequence's expert counts summed over the two CP ranks
 first (integers: exact); the shares add up in the gradient all-reduce and the logged sum, class
-(b).
+(b). Under ETP = 1 (``tp2_ep2_etp1_aux``) the same holds with the TP pair holding each sequence's
+two halves inside the MoE's sequence-local region.
 
 The balancing bias is compared exactly: it moves by +-coeff from integer token counts summed
 over the data-parallel ranks, so it equals the one-process trajectory unless a routing
@@ -106,6 +107,10 @@ TWO = {
     "tp2_aux": [*MOE, "--model.flavor", "debugmodel_aux", "--parallelism.tensor_parallel_degree",
                 "2", "--parallelism.expert_tensor_parallel_degree", "2",
                 "--training.local_batch_size", "4"],
+    # the aux loss under ETP 1: each sequence's counts summed over the TP pair holding its halves
+    "tp2_ep2_etp1_aux": ep(2, "--model.flavor", "debugmodel_aux",
+                           "--parallelism.tensor_parallel_degree", "2",
+                           "--training.local_batch_size", "4"),
     # CP 2: ring attention over head-tail chunks, MLA's narrower values padded for the ring
     "cp2": [*MOE, *CP2, "--training.local_batch_size", "4"],
     # the aux loss under CP 2: each sequence's expert counts summed over the two chunk holders
@@ -127,7 +132,7 @@ FOUR = {
 }
 ETP1 = ["tp2_ep2_etp1", "fsdp2_tp2_ep2_etp1"]
 RESUMED = ["ep2_from_one", "one_from_ep2"]
-AUX = ["ep2_aux", "tp2_aux", "cp2_aux"]  # against reference_aux
+AUX = ["ep2_aux", "tp2_aux", "cp2_aux", "tp2_ep2_etp1_aux"]  # against reference_aux
 MXFP8 = ["--float8.moe_grouped_mm", "mxfp8", "--float8.emulate", "true"]
 """Routed experts in torchao's emulated MXFP8 (components/moe_low_precision.py)."""
 MXFP8_TWO = {

@@ -92,7 +92,8 @@ class StepHooks:
     _aux: dict[str, torch.Tensor] = field(default_factory=dict)
     _metrics: dict[str, _Metric] = field(default_factory=dict)
     _loss_copies: int = 1
-    _sequence_mesh: DeviceMesh | None = None
+    _sequence_meshes: tuple[DeviceMesh, ...] = ()
+    _unlogged_meshes: tuple[DeviceMesh, ...] = ()
 
     def begin_step(self, global_tokens: torch.Tensor) -> None:
         """Start a step whose loss is normalised by ``global_tokens``; forget the last step."""
@@ -138,6 +139,8 @@ class StepHooks:
         scale = (self._scale / self._loss_copies).to(term_sum.dtype)
         if self._records():
             value = term_sum.detach().double() * self._scale
+            for mesh in self._unlogged_meshes:  # shares of a sequence-local TP region
+                value = funcol.all_reduce(value, "sum", mesh)
             self._aux[name] = self._aux[name] + value if name in self._aux else value
         if not term_sum.requires_grad:
             return carrier
@@ -161,25 +164,39 @@ class StepHooks:
         """
         self._loss_copies = copies
 
-    def split_sequences(self, mesh: DeviceMesh) -> None:
-        """Every sequence of a microbatch is split over ``mesh``'s ranks (context parallelism:
-        each holds the same sequences' chunks), so statistics of whole sequences need
-        ``sequence_sum``."""
-        self._sequence_mesh = mesh if mesh.size() > 1 else None
+    def split_sequences(self, mesh: DeviceMesh, logs_reduced: bool = True) -> None:
+        """Every sequence of a microbatch is (further) split over ``mesh``'s ranks: context
+        parallelism for the whole job, a sequence-local tensor-parallel region
+        (distributed/local_tp.py) while it runs. Statistics of whole sequences then need
+        ``sequence_sum``. ``logs_reduced``: ``reduce`` sums the logged values over ``mesh``
+        (CP: it is part of dp_cp); if not (TP), ``add_loss`` sums each logged term over it."""
+        if mesh.size() > 1:
+            self._sequence_meshes += (mesh,)
+            if not logs_reduced:
+                self._unlogged_meshes += (mesh,)
+
+    def unsplit_sequences(self, mesh: DeviceMesh) -> None:
+        """Undo the last ``split_sequences(mesh, ...)`` (a sequence-local region's exit)."""
+        if mesh.size() > 1:
+            assert self._sequence_meshes[-1] is mesh, "unbalanced split_sequences"
+            self._sequence_meshes = self._sequence_meshes[:-1]
+            self._unlogged_meshes = tuple(m for m in self._unlogged_meshes if m is not mesh)
 
     @property
     def sequence_shards(self) -> int:
-        """How many ranks hold parts of each sequence (1 without context parallelism)."""
-        return 1 if self._sequence_mesh is None else self._sequence_mesh.size()
+        """How many ranks hold parts of each sequence (1 without any split)."""
+        return math.prod(mesh.size() for mesh in self._sequence_meshes)
 
     def sequence_sum(self, value: torch.Tensor) -> torch.Tensor:
-        """``value`` (no gradient) summed over the ranks holding parts of the same sequences:
-        a per-sequence count over whole sequences. Every rank of the group runs the same
-        forwards in the same order (CP ranks share data, stage and microbatches), recomputation
-        included, so the collective always pairs up."""
-        if self._sequence_mesh is None:
-            return value
-        return funcol.all_reduce(value.detach(), "sum", self._sequence_mesh)
+        """``value`` (no gradient) summed over the ranks holding parts of the same sequences
+        (over each split's mesh in turn: integer counts, so the order does not matter): a
+        per-sequence count over whole sequences. Every rank of these groups runs the same
+        forwards in the same order (CP and TP ranks share data, stage and microbatches),
+        recomputation included, so the collectives always pair up."""
+        value = value.detach()
+        for mesh in self._sequence_meshes:
+            value = funcol.all_reduce(value, "sum", mesh)
+        return value
 
     def record_metric(self, name: str, value: torch.Tensor, reduce: str = "sum",
                       derive: Callable[[torch.Tensor], float] | None = None,

@@ -108,20 +108,6 @@ def check_context_parallel(cp: int, tp: int, seq_len: int, load_balancer: str) -
              f"= {tp}; choose seq_len divisible by {cp} x {tp} (and by {chunks})")
 
 
-def check_moe_sequence_local(tp: int, etp: int, aux_loss_coeff: float, where: str) -> None:
-    """Under TP with ETP = 1 each TP rank routes only its own sequence shard
-    (distributed/local_tp.py, sequence-local regions), so the sequence-wise auxiliary balance
-    loss would see only shards of each sequence (under CP its statistics are summed over the
-    CP ranks, ``StepHooks.sequence_sum``; not over the TP ranks yet). The model's args and the
-    planner both call it."""
-    _require(tp == 1 or etp > 1 or aux_loss_coeff == 0,
-             f"{where}: the sequence-wise auxiliary balance loss (aux_loss_coeff = "
-             f"{aux_loss_coeff}) is not supported with [parallelism] tensor_parallel_degree = "
-             f"{tp} and expert_tensor_parallel_degree = 1 (each TP rank routes only its own "
-             f"sequence shard); use bias balancing (aux_loss_coeff = 0), or "
-             f"expert_tensor_parallel_degree = {tp}")
-
-
 def check_attention_mask(cp: int, attn_mask_type: str) -> None:
     """Context parallelism swaps attention for ring attention, which knows causal masking only
     (no per-document mask over a sequence split across ranks)."""

@@ -130,8 +130,10 @@ def _enter(module: nn.Module, args: tuple, mesh: DeviceMesh,
     for owner, leaf, param in module._local_tp_saved:
         owner._parameters[leaf] = _local_view(param)
     # a loss term is computed alike on every rank of a gathered region; in a sequence-local
-    # one each rank's term comes from its own tokens: no copies
+    # one each rank's term comes from its own tokens (no copies), and its sequences are split
     _share_loss_gradients(module, mesh.size() if gather else 1)
+    if not gather:
+        _split_sequences(module, mesh, split=True)
     return (full, *rest)
 
 
@@ -144,6 +146,7 @@ def _leave(module: nn.Module, output: torch.Tensor, mesh: DeviceMesh,
     del module._local_tp_saved
     _share_loss_gradients(module, 1)
     if not gather:
+        _split_sequences(module, mesh, split=False)
         return output
     partial = DTensor.from_local(output, mesh, [Partial()], run_check=False)
     return partial.redistribute(mesh, [Shard(1)]).to_local()
@@ -156,6 +159,17 @@ def _share_loss_gradients(module: nn.Module, copies: int) -> None:
         hooks = vars(sub).get("step_hooks")
         if hooks is not None:
             hooks.share_loss_gradients(copies)
+
+
+def _split_sequences(module: nn.Module, mesh: DeviceMesh, split: bool) -> None:
+    """In a sequence-local region each rank holds 1/tp of every sequence: the region's step
+    hooks sum whole-sequence statistics over the TP ranks too (``StepHooks.sequence_sum``)."""
+    hooks = {id(h): h for sub in module.modules() if (h := vars(sub).get("step_hooks"))}
+    for each in hooks.values():  # one trainer's hooks, however many modules hold them
+        if split:
+            each.split_sequences(mesh, logs_reduced=False)  # logs reduce over dp/cp/pp
+        else:
+            each.unsplit_sequences(mesh)
 
 
 def _local_view(param: DTensor) -> torch.Tensor:

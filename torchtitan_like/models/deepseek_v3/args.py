@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed.layout_rules import (
-    check_moe_sequence_local,
     check_moe_tensor_parallel,
     check_tensor_parallel_shapes,
 )
@@ -92,8 +91,6 @@ class DeepSeekV3Args(BaseModelArgs):
         # MLA splits by heads (queries, keys and values alike), as llama's attention
         check_tensor_parallel_shapes(parallel_dims.tp, self.n_heads, self.n_heads,
                                      self.vocab_size, flavor)
-        check_moe_sequence_local(parallel_dims.tp, parallel_dims.etp, self.moe.aux_loss_coeff,
-                                 flavor)
         check_moe_tensor_parallel(parallel_dims.tp,
                                   float8=job_config.float8.enable,
                                   compiled=job_config.compile.compiles_blocks, where=flavor)
