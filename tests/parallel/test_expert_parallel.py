@@ -78,6 +78,7 @@ FOUR = {
                   "--parallelism.pipeline_parallel_microbatch_size", "1"),
 }
 RESUMED = ["ep2_from_one", "one_from_ep2"]
+COMPILED_TWO = ["ep2_compile", "tp2_etp2_compile"]  # TWO's layouts with per-block compile
 
 
 def read_biases(folder: Path) -> list[list[list[float]]]:
@@ -111,14 +112,15 @@ def runs(corpus, tmp_path_factory):
                      "compile": [*MOE, "--training.local_batch_size", "4", *compiled]},
                  root / "one", corpus, worker=WORKER)
     copy_checkpoint(root / "one" / "reference", root / "two" / "ep2_from_one")
-    two = launch(2, {**TWO, "ep2_compile": ep(2, *compiled)}, root / "two", corpus,
+    two = launch(2, {**TWO, "ep2_compile": ep(2, *compiled),
+                     "tp2_etp2_compile": [*TWO["tp2_etp2"], *compiled]}, root / "two", corpus,
                  worker=WORKER)
     four = launch(4, FOUR, root / "four", corpus, worker=WORKER)
     copy_checkpoint(root / "two" / "ep2", root / "one" / "one_from_ep2")
     back = launch(1, {"one_from_ep2": [*MOE, *SAVE]}, root / "one", corpus, worker=WORKER)
     biases = {name: read_biases(root / folder / name)
               for folder, cases in (("one", ["reference", "reference_aux", "compile"]),
-                                    ("two", [*TWO, "ep2_compile"]),
+                                    ("two", [*TWO, *COMPILED_TWO]),
                                     ("four", FOUR))
               for name in cases if name not in RESUMED}
     return {**one, **two, **four, **back}, biases
@@ -134,7 +136,7 @@ def test_matches_one_process(runs, case):
     assert held >= 1 and biases[case] == [step[:held] for step in biases["reference"]]
 
 
-@pytest.mark.parametrize("case", ["compile", "ep2_compile"])
+@pytest.mark.parametrize("case", ["compile", *COMPILED_TWO])
 def test_compiled_blocks_match_eager_one_process(runs, case):
     records, biases = runs
     assert len(losses(records[case])) == STEPS

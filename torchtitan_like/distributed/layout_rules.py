@@ -71,18 +71,12 @@ def check_tensor_parallel_shapes(tp: int, n_heads: int, kv_heads: int, vocab_siz
 
 
 def check_moe_tensor_parallel(tp: int, aux_loss_coeff: float, *, float8: bool,
-                              compiled: bool, where: str) -> None:
+                              where: str) -> None:
     """Under TP a MoE layer is one TP region whose ranks each hold a partial sum of its output
     (distributed/local_tp.py); a loss term computed inside it from replicated routing scores
     would get its gradient once per TP rank. Float8 linears inside such a region would scale
-    each rank's shard on its own (torchao's float8 TP styles do not apply there). Block compile
-    would trace the regions' parameter swaps (forward hooks of the compiled attention): not
-    done yet. The model's args and the planner both call it."""
-    _require(tp == 1 or not compiled,
-             f"{where}: block compile ([compile] enable with components including \"model\") "
-             f"with [parallelism] tensor_parallel_degree = {tp} is not supported for "
-             "mixture-of-experts models yet; set one of them off (components = [\"loss\"] "
-             "still compiles the loss)")
+    each rank's shard on its own (torchao's float8 TP styles do not apply there). The model's
+    args and the planner both call it."""
     _require(tp == 1 or not float8,
              f"{where}: [float8] enable with [parallelism] tensor_parallel_degree = {tp} is not "
              "supported for mixture-of-experts models (their attention/MoE layers run as local "

@@ -92,8 +92,7 @@ class DeepSeekV3Args(BaseModelArgs):
         check_tensor_parallel_shapes(parallel_dims.tp, self.n_heads, self.n_heads,
                                      self.vocab_size, flavor)
         check_moe_tensor_parallel(parallel_dims.tp, self.moe.aux_loss_coeff,
-                                  float8=job_config.float8.enable,
-                                  compiled=job_config.compile.compiles_blocks, where=flavor)
+                                  float8=job_config.float8.enable, where=flavor)
 
     def _attention_params(self) -> int:
         d, h = self.dim, self.n_heads

@@ -57,5 +57,5 @@ def _trainer_rules(m: ModelShape, work: Workload, layout: Layout) -> int:
     validate_expert_layout(dims, m.num_experts)
     if m.num_experts:
         rules.check_moe_tensor_parallel(t, m.args.moe.aux_loss_coeff, float8=layout.float8,
-                                        compiled=layout.compile, where="the model")
+                                        where="the model")
     return steps * per_schedule
