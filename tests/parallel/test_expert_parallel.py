@@ -29,7 +29,10 @@ a token's choice of experts flips only if its k-th and (k+1)-th biased scores li
 and no decision of these runs does (a flip sends one of 256 tokens through another expert
 and moves the loss by far more than 1e-5, as would a compiled piece that computes the wrong
 thing). Measured on an Intel Xeon, default (AVX-512) and avx2 kernels: at most 9.5e-7 (one
-ulp at losses ~8), one process and EP 2.
+ulp at losses ~8), one process and EP 2. Under TP 2 (``tp2_etp2_compile``) the same argument
+holds with the TP case's reordered sums added: MLA is compiled inside its local TP region (the
+region's collectives and parameter swap stay eager), the MoE region around its routed experts;
+measured 9.5e-7.
 
 The balancing bias is compared exactly: it moves by +-coeff from integer token counts summed
 over the data-parallel ranks, so it equals the one-process trajectory unless a routing
