@@ -1,5 +1,6 @@
 """torchrun entry of test_cp_cpu_sdpa.py: ring attention of sequence-sharded CPU tensors
-against full SDPA, on CP meshes of 2 and 4 ranks; rank 0 writes the results as JSON."""
+against full SDPA, on CP meshes of 2 and 4 ranks, also with values narrower than queries and
+keys (multi-head latent attention); rank 0 writes the results as JSON."""
 
 import json
 import sys
@@ -13,15 +14,21 @@ from torch.distributed.tensor.experimental import context_parallel
 from torch.distributed.tensor.experimental._attention import _cp_options, set_rotate_method
 from worker_exit import finish_worker
 
+from torchtitan_like.distributed.context_parallel import values_padded_to_key_dim
 from torchtitan_like.distributed.cp_cpu_sdpa import FORWARD, cpu_ring_attention
 
 SHAPE = (2, 4, 32, 8)  # (batch, heads, seq, head_dim): 32 tokens = 2 x 4 head-tail chunks of CP4
+NARROW_V = 6  # a value head dim below the query/key one, as MLA's
 
 
-def ring_error(mesh: DeviceMesh, rotate: str, load_balance: bool, ring: bool = True) -> float:
+def ring_error(mesh: DeviceMesh, rotate: str, load_balance: bool, ring: bool = True,
+               value_dim: int = SHAPE[3]) -> float:
     """Largest |difference| of the output and of dq, dk, dv between full causal SDPA and CP,
-    compared on this rank's tokens (the references are sharded with the same layout)."""
-    q, k, v, grad_out = (torch.randn(SHAPE) for _ in range(4))
+    compared on this rank's tokens (the references are sharded with the same layout). Values
+    of ``value_dim`` below the query/key head dim are padded for the ring (the trainer's CP
+    context does it, distributed/context_parallel.py); the reference is unpadded SDPA."""
+    q, k = torch.randn(SHAPE), torch.randn(SHAPE)
+    v, grad_out = torch.randn(*SHAPE[:3], value_dim), torch.randn(*SHAPE[:3], value_dim)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     out = F.scaled_dot_product_attention(*leaves, is_causal=True)
     out.backward(grad_out)
@@ -31,7 +38,7 @@ def ring_error(mesh: DeviceMesh, rotate: str, load_balance: bool, ring: bool = T
     _cp_options.enable_load_balance = load_balance
     with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2] * len(buffers),
                           no_restore_buffers=set(buffers)):
-        with cpu_ring_attention() if ring else torch.enable_grad():
+        with cpu_ring_attention() if ring else torch.enable_grad(), values_padded_to_key_dim():
             leaves = [t.clone().requires_grad_() for t in (q, k, v)]
             out = F.scaled_dot_product_attention(*leaves, is_causal=True)
             out.backward(grad_out)
@@ -51,6 +58,8 @@ def main() -> None:
             for load_balance in (True, False):
                 key = f"cp{size}_{rotate}_{'headtail' if load_balance else 'none'}"
                 results[key] = ring_error(mesh, rotate, load_balance)
+        results[f"cp{size}_narrow_values"] = ring_error(mesh, "alltoall", True,
+                                                        value_dim=NARROW_V)
     propagator = DTensor._op_dispatcher.sharding_propagator
     results["restored"] = (FORWARD not in DTensor._op_dispatcher._custom_op_handlers
                            and FORWARD not in propagator.op_strategy_funcs)

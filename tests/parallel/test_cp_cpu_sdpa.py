@@ -1,7 +1,9 @@
 """The CPU ring-attention support (distributed/cp_cpu_sdpa.py) on its own: under torch's
 ``context_parallel``, causal SDPA of sequence-sharded CPU tensors and its q/k/v gradients equal
 full SDPA, on CP meshes of 2 and 4 ranks (4 processes, one launch), for both K/V rotations and
-with and without head-tail load balancing.
+with and without head-tail load balancing, and with values narrower than queries and keys
+(multi-head latent attention: zero-padded for the ring, output sliced back; the reference is
+unpadded SDPA, so the padding must be exact up to the same rounding).
 
 fp32 inputs of unit scale; torch's ring merges partial results in fp32, so CP differs from one
 kernel call only by rounding: measured <= 2.2e-6, and 1e-5 leaves a margin while a wrong block
@@ -29,7 +31,7 @@ def results(tmp_path_factory):
 
 
 CASES = [f"cp{n}_{rotate}_{balance}" for n in (2, 4) for rotate in ("allgather", "alltoall")
-         for balance in ("headtail", "none")]
+         for balance in ("headtail", "none")] + ["cp2_narrow_values", "cp4_narrow_values"]
 
 
 @pytest.mark.parametrize("case", CASES)

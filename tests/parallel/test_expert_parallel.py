@@ -34,6 +34,19 @@ holds with the TP case's reordered sums added: MLA is compiled inside its local 
 region's collectives and parameter swap stay eager), the MoE region around its routed experts;
 measured 9.5e-7.
 
+Context parallelism (CP 2, case ``cp2``; CP 2 x FSDP 2 with EP 2 borrowing both,
+``cp2_ep2``) runs MLA as ring attention over head-tail chunks: each rank rotates its tokens by
+their global positions (the RoPE table is sharded with the tokens) and MLA's values, narrower
+than its queries and keys, are zero-padded for the ring kernel and the output sliced back
+(exact: distributed/context_parallel.py). Ring attention merges per-block softmaxes in another
+order than the one-process kernel: class (b) again, FP32_PARITY_TOL.
+
+The sequence-wise auxiliary loss under TP 2 (``tp2_aux``): every TP rank computes the whole
+term from the replicated router inside the MoE's local TP region and adds 1/2 of its gradient,
+the region's collectives sum the two halves (components/model_hooks.py,
+``share_loss_gradients``: exact scaling, class (b) for the sums); the logged aux term is not
+summed over TP, so it is the one-process value.
+
 The balancing bias is compared exactly: it moves by +-coeff from integer token counts summed
 over the data-parallel ranks, so it equals the one-process trajectory unless a routing
 decision flips, which the loss tolerance would catch first.
@@ -59,6 +72,7 @@ def ep(degree: int, *more: str) -> list[str]:
 
 
 LOCAL1 = ["--training.local_batch_size", "1"]
+CP2 = ["--parallelism.context_parallel_degree", "2"]
 SAVE = ["--checkpoint.enable", "true", "--checkpoint.interval", "1"]
 TWO = {
     "ep2": ep(2, *SAVE),  # dense FSDP over the same 2 ranks; experts: 4 per rank
@@ -70,6 +84,12 @@ TWO = {
     "tp2_etp2": [*MOE, "--parallelism.tensor_parallel_degree", "2",
                  "--parallelism.expert_tensor_parallel_degree", "2", "--training.local_batch_size",
                  "4"],
+    # the aux loss inside the MoE's local TP region: each TP rank adds 1/2 of its gradient
+    "tp2_aux": [*MOE, "--model.flavor", "debugmodel_aux", "--parallelism.tensor_parallel_degree",
+                "2", "--parallelism.expert_tensor_parallel_degree", "2",
+                "--training.local_batch_size", "4"],
+    # CP 2: ring attention over head-tail chunks, MLA's narrower values padded for the ring
+    "cp2": [*MOE, *CP2, "--training.local_batch_size", "4"],
 }
 FOUR = {
     "hsdp_2x2_ep2": ep(2, "--parallelism.data_parallel_replicate_degree", "2", *LOCAL1),
@@ -79,9 +99,12 @@ FOUR = {
                        "--parallelism.expert_tensor_parallel_degree", "2"),
     "pp2_ep2": ep(2, "--parallelism.pipeline_parallel_degree", "2",  # 1F1B, 2 microbatches
                   "--parallelism.pipeline_parallel_microbatch_size", "1"),
+    # CP 2 x FSDP 2, EP 2 borrowing from both (dp_shard x cp = 4 = efsdp 2 x ep 2)
+    "cp2_ep2": ep(2, *CP2),
 }
 RESUMED = ["ep2_from_one", "one_from_ep2"]
 COMPILED_TWO = ["ep2_compile", "tp2_etp2_compile"]  # TWO's layouts with per-block compile
+AUX = ["ep2_aux", "tp2_aux"]  # against reference_aux
 
 
 def read_biases(folder: Path) -> list[list[list[float]]]:
@@ -129,7 +152,7 @@ def runs(corpus, tmp_path_factory):
     return {**one, **two, **four, **back}, biases
 
 
-@pytest.mark.parametrize("case", [c for c in [*TWO, *FOUR] if c not in [*RESUMED, "ep2_aux"]])
+@pytest.mark.parametrize("case", [c for c in [*TWO, *FOUR] if c not in [*RESUMED, *AUX]])
 def test_matches_one_process(runs, case):
     records, biases = runs
     assert len(losses(records[case])) == STEPS
@@ -147,11 +170,12 @@ def test_compiled_blocks_match_eager_one_process(runs, case):
     assert biases[case] == biases["reference"]  # no routing decision flipped
 
 
-def test_auxiliary_loss_matches_one_process(runs):
+@pytest.mark.parametrize("case", AUX)
+def test_auxiliary_loss_matches_one_process(runs, case):
     """The sequence-wise balance loss: the training loss (cross-entropy, logged) and the
     logged aux term both follow one process; without the aux term the run differs."""
     records, _ = runs
-    ours, reference = records["ep2_aux"], records["reference_aux"]
+    ours, reference = records[case], records["reference_aux"]
     assert_close(losses(ours), losses(reference), TOL)
     aux = [[r["aux_loss/moe_aux"] for r in run if "loss" in r] for run in (ours, reference)]
     assert_close(*aux, TOL)

@@ -59,7 +59,8 @@ def test_possible_layouts():
                                    ["--model.name", "deepseek_v3", "--model.flavor",
                                     "debugmodel"]])
 def test_moe_models_take_tensor_parallel(model):
-    """TP with the experts split over it starts; the aux loss and ETP = 1 under TP do not."""
+    """TP with the experts split over it starts, also with the aux loss; ETP = 1 under TP and
+    float8 do not."""
     tp = ["--parallelism.tensor_parallel_degree", "2"]
     parse_args([*model, *tp, "--parallelism.expert_tensor_parallel_degree", "2"], 2)
     with pytest.raises(ConfigError, match="set expert_tensor_parallel_degree = 2"):
@@ -67,10 +68,8 @@ def test_moe_models_take_tensor_parallel(model):
     with pytest.raises(ConfigError, match=r"float8\] enable with .* is not supported"):
         parse_args([*model, *tp, "--parallelism.expert_tensor_parallel_degree", "2",
                     "--float8.enable", "true", "--float8.emulate", "true"], 2)
-    if model[1] == "deepseek_v3":
-        with pytest.raises(ConfigError, match=r"auxiliary balance loss .* is not supported"):
-            parse_args([*model, "--model.flavor", "debugmodel_aux", *tp,
-                        "--parallelism.expert_tensor_parallel_degree", "2"], 2)
+    parse_args([*model, "--model.overrides.moe.aux_loss_coeff=0.01", *tp,
+                "--parallelism.expert_tensor_parallel_degree", "2"], 2)
 
 
 @pytest.fixture

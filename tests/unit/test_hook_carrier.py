@@ -95,6 +95,33 @@ def _check_hooked_gradients(wrap: str) -> None:
         assert console == ["aux_loss/z", "pair", "z_max", "z_mean"]
 
 
+def test_shared_loss_gradients_split_the_gradient_not_the_logged_value():
+    """Inside a local TP region of 2 ranks (distributed/local_tp.py) each rank adds half of a
+    term's gradient (the region sums the two): exactly half, a power-of-two scaling; the
+    logged value stays whole (TP replicas are not summed when logging)."""
+    torch.manual_seed(0)
+    block, hooks = ZBlock(), StepHooks()
+    attach_step_hooks(block, hooks)
+    x = torch.randn(3, 5, 8, dtype=torch.float64)
+
+    def term_gradients(copies: int) -> tuple[list[torch.Tensor], float]:
+        block.zero_grad()
+        hooks.begin_step(torch.tensor(11))
+        hooks.share_loss_gradients(copies)
+        with hooks.recording():
+            out = block(x)
+        hooks.share_loss_gradients(1)
+        (out.sum() * 0).backward()  # the carrier's own gradient is 0: the term's alone
+        hooks.end_step()
+        return [p.grad.clone() for p in block.parameters()], hooks.reduce(
+            ONE_RANK, ONE_RANK)[0]["aux_loss/z"]
+
+    whole, logged = term_gradients(1)
+    halves, logged_shared = term_gradients(2)
+    assert all(torch.equal(2 * h, w) for h, w in zip(halves, whole, strict=True))
+    assert logged_shared == logged and any(w.abs().sum() > 0 for w in whole)
+
+
 def test_outside_a_step_or_recording_the_module_is_plain():
     block, hooks = ZBlock(), StepHooks()
     attach_step_hooks(block, hooks)

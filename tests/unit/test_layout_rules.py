@@ -104,3 +104,20 @@ def test_the_rules_the_planner_used_to_get_wrong():
     # The global batch defaults to local x dp.
     assert layout_rules.global_batch(-1, 4, 8) == 32
     assert layout_rules.accumulation_steps(64, 4, 8) == 2
+
+
+MOE_BASE = ["--job.config_file", "train_configs/deepseek_v3_debug.toml"]
+CP2 = ["--parallelism.context_parallel_degree", "2"]
+TP2 = ["--parallelism.tensor_parallel_degree", "2",
+       "--parallelism.expert_tensor_parallel_degree", "2"]
+
+
+@pytest.mark.parametrize(("flavor", "dims", "accepted"), [
+    ("debugmodel", CP2, True),  # MLA under CP: values padded for the ring
+    ("debugmodel_aux", CP2, False),  # the sequence-wise aux loss needs whole sequences
+    ("debugmodel_aux", TP2, True),  # each TP rank adds 1/tp of the aux gradient
+])
+def test_runtime_and_planner_agree_on_moe_layouts(flavor, dims, accepted):
+    args = [*MOE_BASE, "--model.flavor", flavor, *dims]
+    runtime, planner = runtime_verdict(args, 2), planner_verdict(args, 2)
+    assert (runtime is None) == (planner is None) == accepted, (runtime, planner)

@@ -90,6 +90,7 @@ class StepHooks:
     _recording: bool = False
     _aux: dict[str, torch.Tensor] = field(default_factory=dict)
     _metrics: dict[str, _Metric] = field(default_factory=dict)
+    _loss_copies: int = 1
 
     def begin_step(self, global_tokens: torch.Tensor) -> None:
         """Start a step whose loss is normalised by ``global_tokens``; forget the last step."""
@@ -127,17 +128,36 @@ class StepHooks:
         of this rank's tokens. Under tensor parallelism its gradient goes through TP's own
         collectives like any activation's: compute it from this rank's part of a
         sequence-sharded activation, or identically on every TP rank from replicated inputs;
-        the logged value (reduced over dp/cp/pp only) is complete in the latter case.
+        the logged value (reduced over dp/cp/pp only) is complete in the latter case. Inside a
+        local TP region each rank adds 1/tp of the gradient (``share_loss_gradients``).
         """
         if self._scale is None:
             return carrier
-        scale = self._scale.to(term_sum.dtype)
+        scale = (self._scale / self._loss_copies).to(term_sum.dtype)
         if self._records():
             value = term_sum.detach().double() * self._scale
             self._aux[name] = self._aux[name] + value if name in self._aux else value
         if not term_sum.requires_grad:
             return carrier
         return _AddLossGradient.apply(carrier, term_sum, scale)
+
+    def share_loss_gradients(self, copies: int) -> None:
+        """The loss terms added from now on are computed identically on ``copies`` ranks whose
+        gradients are then summed (a local tensor-parallel region, distributed/local_tp.py,
+        sets tp on entry and 1 on exit): each adds ``1/copies`` of its gradient.
+
+        Why exact. In such a region every TP rank computes the term from the same all-gathered
+        input and the same replicated weights (the router), and the region sums the gradients
+        of that input (reduce-scatter) and of those weights (all-reduce) over the tp ranks,
+        since its real output is a sum of per-rank partials. Each rank's term gradient
+        ``s dterm/dtheta`` (s = 1/T) would so arrive tp times; with ``s/tp`` it arrives
+        tp x s/tp = s times, once. In floating point s/tp is s with its exponent lowered when
+        tp is a power of two (TP degrees are), so each rank contributes exactly 1/tp of the
+        one-process gradient and only the order of the collective's sums differs (class (b)
+        of tests/harness.py). The logged value is not divided: TP replicas are not summed in
+        ``reduce``, so it stays the one-process value.
+        """
+        self._loss_copies = copies
 
     def record_metric(self, name: str, value: torch.Tensor, reduce: str = "sum",
                       derive: Callable[[torch.Tensor], float] | None = None,

@@ -41,6 +41,18 @@ the whole global batch (counted before the batch is sharded); FSDP sums gradient
 ``dp_shard x cp`` and the logged loss is summed over ``dp x cp``, so CP gives exactly the
 one-process loss and gradient (components/loss.py).
 
+**Values narrower than keys** (multi-head latent attention: ``v_head_dim`` < ``qk_nope_head_dim
++ qk_rope_head_dim``). The ring's per-block kernels (CPU and CUDA flash) need one head dim for
+q, k and v, so under CP the values are zero-padded to the query/key head dim and the output
+sliced back (``values_padded_to_key_dim``). Exact, not approximate: with P = softmax(s QK^T),
+P [V, 0] = [P V, 0], so the kept columns are computed from the same terms as unpadded
+attention; the online-softmax merge acts per row on the log-sum-exp, which padding does not
+touch; the padded output columns are exactly 0 and get no gradient (the slice), so in backward
+their dV columns are dropped (the pad) and their share of dP = dO V^T and of the row sums
+rowsum(dO * O) is 0 * 0 = 0. The softmax scale is q's (an explicit ``scale``, or
+q.size(-1)^-0.5), which padding v leaves alone. The cost: the value blocks travel around the
+ring and enter the kernel (qk_head_dim / v_head_dim)-fold wider (1.5x for DeepSeek-V3).
+
 Implementation: torch's ``context_parallel`` shards the buffers in place for the duration of a
 microbatch (the trainer enters it through ``distributed/utils.py: train_context``) and replaces
 SDPA by ring attention; on CPU, ``cp_cpu_sdpa.py`` teaches it the CPU attention kernel.
@@ -53,6 +65,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.experimental import context_parallel
@@ -121,15 +134,42 @@ def build_context(parallel_dims: ParallelDims, cp_mesh: DeviceMesh, config: JobC
         set_rotate_method(parallelism.context_parallel_rotate_method)
         previous, _cp_options.enable_load_balance = _cp_options.enable_load_balance, load_balance
         try:
-            with context_parallel(
-                cp_mesh,
-                buffers=[inputs, labels, *(b for b, _ in model_buffers)],
-                buffer_seq_dims=[1, 1, *(dim for _, dim in model_buffers)],
-                no_restore_buffers={inputs, labels},
-            ), cp_cpu_sdpa.cpu_ring_attention() if ring_on_cpu else contextlib.nullcontext():
+            with (
+                context_parallel(
+                    cp_mesh,
+                    buffers=[inputs, labels, *(b for b, _ in model_buffers)],
+                    buffer_seq_dims=[1, 1, *(dim for _, dim in model_buffers)],
+                    no_restore_buffers={inputs, labels},
+                ),
+                cp_cpu_sdpa.cpu_ring_attention() if ring_on_cpu else contextlib.nullcontext(),
+                values_padded_to_key_dim(),
+            ):
                 yield
         finally:
             _cp_options.enable_load_balance = previous
 
     return context
 
+
+@contextlib.contextmanager
+def values_padded_to_key_dim() -> Iterator[None]:
+    """Entered inside ``context_parallel``: values narrower than the queries are zero-padded
+    to their head dim and the output sliced back (module docstring: exact); equal head dims
+    pass through unchanged. torch's ``context_parallel`` installs its ring attention as
+    ``torch.nn.functional.scaled_dot_product_attention`` for its duration; this wraps that
+    the same way and restores it on exit, before torch restores its own."""
+    ring_sdpa = F.scaled_dot_product_attention
+
+    def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args, **kwargs
+             ) -> torch.Tensor:
+        width = value.shape[-1]
+        if width >= query.shape[-1]:
+            return ring_sdpa(query, key, value, *args, **kwargs)
+        padded = F.pad(value, (0, query.shape[-1] - width))
+        return ring_sdpa(query, key, padded, *args, **kwargs)[..., :width]
+
+    F.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = ring_sdpa

@@ -70,22 +70,16 @@ def check_tensor_parallel_shapes(tp: int, n_heads: int, kv_heads: int, vocab_siz
              "and the output head are split by vocabulary rows); choose a degree that divides it")
 
 
-def check_moe_tensor_parallel(tp: int, aux_loss_coeff: float, *, float8: bool,
-                              where: str) -> None:
+def check_moe_tensor_parallel(tp: int, *, float8: bool, where: str) -> None:
     """Under TP a MoE layer is one TP region whose ranks each hold a partial sum of its output
-    (distributed/local_tp.py); a loss term computed inside it from replicated routing scores
-    would get its gradient once per TP rank. Float8 linears inside such a region would scale
-    each rank's shard on its own (torchao's float8 TP styles do not apply there). The model's
-    args and the planner both call it."""
+    (distributed/local_tp.py). Float8 linears inside such a region would scale each rank's
+    shard on its own (torchao's float8 TP styles do not apply there). (A loss term computed
+    inside the region, the auxiliary balance loss, is exact: each TP rank adds 1/tp of its
+    gradient, components/model_hooks.py.) The model's args and the planner both call it."""
     _require(tp == 1 or not float8,
              f"{where}: [float8] enable with [parallelism] tensor_parallel_degree = {tp} is not "
              "supported for mixture-of-experts models (their attention/MoE layers run as local "
              "TP regions, where float8 would scale each shard on its own); set one of them off")
-    _require(tp == 1 or aux_loss_coeff == 0,
-             f"{where}: the sequence-wise auxiliary balance loss (aux_loss_coeff = "
-             f"{aux_loss_coeff}) is not supported with [parallelism] tensor_parallel_degree = "
-             f"{tp} (its gradient would be counted once per TP rank); use a flavor with bias "
-             "balancing, or tensor_parallel_degree = 1")
 
 
 # ---------------------------------------------------------------------- context parallel
@@ -105,6 +99,18 @@ def check_context_parallel(cp: int, tp: int, seq_len: int, load_balancer: str) -
              f"[training] seq_len = {seq_len}: each of the {cp} CP ranks holds {seq_len // cp} "
              f"tokens, which sequence parallel splits over [parallelism] tensor_parallel_degree "
              f"= {tp}; choose seq_len divisible by {cp} x {tp} (and by {chunks})")
+
+
+def check_moe_context_parallel(cp: int, aux_loss_coeff: float, where: str) -> None:
+    """The sequence-wise auxiliary balance loss multiplies two statistics of each *whole*
+    sequence (the share of its tokens sent to each expert, and its mean affinities); a CP
+    rank holds only chunks of every sequence, so it would balance its chunks instead. The
+    model's args and the planner both call it."""
+    _require(cp == 1 or aux_loss_coeff == 0,
+             f"{where}: the sequence-wise auxiliary balance loss (aux_loss_coeff = "
+             f"{aux_loss_coeff}) is not supported with [parallelism] context_parallel_degree = "
+             f"{cp} (each CP rank holds only chunks of every sequence); use bias balancing "
+             "(aux_loss_coeff = 0), or context_parallel_degree = 1")
 
 
 def check_attention_mask(cp: int, attn_mask_type: str) -> None:

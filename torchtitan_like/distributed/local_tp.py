@@ -24,8 +24,10 @@ reduce-scattered (summed, not sliced) and a replicated parameter's gradient is a
 TP. A sharded parameter's slice appears in its own rank's y_r only: its local gradient is
 already complete. This needs every term of the output to pass through a sharded projection:
 a replicated path straight to the output would be counted tp times (true of MLA and of the MoE
-layer, whose routed and shared experts both end in row-wise w2; a loss term added inside the
-region is refused for the same reason, see ``check_moe_tensor_parallel``).
+layer, whose routed and shared experts both end in row-wise w2). A loss term added inside the
+region (the MoE auxiliary balance loss, through step hooks) is such a replicated path: every
+rank computes all of it, so each adds 1/tp of its gradient (``StepHooks.share_loss_gradients``,
+components/model_hooks.py, where the exactness is derived).
 
 The swap: before the module's forward, each of the region's parameters is replaced in its
 owner's ``_parameters`` by its local view (``to_local()`` for a sharded one; for a replicated
@@ -115,6 +117,7 @@ def _enter(module: nn.Module, args: tuple, mesh: DeviceMesh,
     module._local_tp_saved = [(owner, leaf, owner._parameters[leaf]) for owner, leaf in slots]
     for owner, leaf, param in module._local_tp_saved:
         owner._parameters[leaf] = _local_view(param)
+    _share_loss_gradients(module, mesh.size())
     return (full, *rest)
 
 
@@ -123,8 +126,18 @@ def _leave(module: nn.Module, output: torch.Tensor, mesh: DeviceMesh) -> torch.T
     for owner, leaf, param in module._local_tp_saved:
         owner._parameters[leaf] = param
     del module._local_tp_saved
+    _share_loss_gradients(module, 1)
     partial = DTensor.from_local(output, mesh, [Partial()], run_check=False)
     return partial.redistribute(mesh, [Shard(1)]).to_local()
+
+
+def _share_loss_gradients(module: nn.Module, copies: int) -> None:
+    """Loss terms the region's modules add through their step hooks are computed alike on
+    ``copies`` ranks (module docstring): each rank adds 1/copies of their gradient."""
+    for sub in module.modules():
+        hooks = vars(sub).get("step_hooks")
+        if hooks is not None:
+            hooks.share_loss_gradients(copies)
 
 
 def _local_view(param: DTensor) -> torch.Tensor:

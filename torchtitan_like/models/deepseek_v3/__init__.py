@@ -10,6 +10,7 @@ from torchtitan_like.models.deepseek_v3.parallelize import (
     parallelize_deepseek_v3,
     register_optimizer_hooks,
 )
+from torchtitan_like.models.llama3 import context_parallel_buffers
 from torchtitan_like.models.llama3.pipeline import pipeline_llama
 from torchtitan_like.models.registry import ModelSpec, register_model
 
@@ -23,6 +24,9 @@ register_model(
         # tok_embeddings, layers.0 .. n-1, norm, output in forward order, as llama3: its split.
         pipelining_fn=pipeline_llama,
         register_optimizer_hooks=register_optimizer_hooks,
+        # Its RoPE table, (seq_len, qk_rope_head_dim), by rows, as llama3's; the values, narrower
+        # than queries and keys, are padded for ring attention (distributed/context_parallel.py).
+        context_parallel_buffers=context_parallel_buffers,
         attn_mask_types=MASK_TYPES,
     )
 )

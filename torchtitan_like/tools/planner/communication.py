@@ -83,7 +83,7 @@ def communication(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
     add("cp", cp, t * cp, 2 * cp_calls * kv, cp_calls)
     n = layout.fsdp_degree
     syncs = 1 if pp > 1 else microbatches  # pipelined FSDP reduces once per step
-    gathers = 1 if pp > 1 else microbatches * (2 if layout.reshard else 1)
+    gathers = _gathers(layout, microbatches)
     per_param = gathers * prec.compute_bytes + syncs * prec.reduce_bytes
     efsdp = n * t // layout.ep
     fsdp = ring_volume(n, local * per_param) + ring_volume(efsdp, experts / layout.ep * per_param)
@@ -96,6 +96,18 @@ def communication(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
     sends = microbatches * layout.stages_per_rank * 2
     add("pp", pp, cluster.num_gpus, sends * sbh / (t * cp), sends)
     return comms
+
+
+def _gathers(layout: Layout, microbatches: int) -> int:
+    """FSDP all-gathers of each parameter per step. Without PP, one per microbatch forward and,
+    resharding after forward, one more per backward. Under PP the stage keeps its parameters
+    gathered after a backward until the last (``set_reshard_after_backward(False)``): without
+    resharding after forward (the default) it gathers once a step; with it, each forward frees
+    them, so the stage's first action and every action right after a forward gathers: m + 1
+    per stage in any schedule order (each of the m forwards has a successor)."""
+    if layout.pp == 1:
+        return microbatches * (2 if layout.reshard else 1)
+    return microbatches + 1 if layout.reshard else 1
 
 
 def _add_all_to_all(comms: list[Comm], m: ModelShape, cluster: Cluster, work: Workload,

@@ -146,6 +146,11 @@ class Layout:
     """TP's collectives overlap the matmuls (needs compile)."""
     ep: int = 1
     """Expert parallel degree: borrows dp_shard x cp x tp ranks (MoE models only)."""
+    pp_reduce_before_send: bool = False
+    """The pipeline runtime reduces a stage's FSDP gradients inside its last backward, before
+    sending that backward's gradient to the previous stage: torch.distributed.pipelining
+    before its REDUCE_GRAD action (pytorch/pytorch#166449, 2025-10), i.e. the runs of 2024.
+    This platform's torch sends first (False); step_time.py prices the difference."""
 
     @property
     def dp(self) -> int:

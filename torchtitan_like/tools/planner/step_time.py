@@ -14,22 +14,28 @@
                 the two parts above); op-level selective AC recomputes only element-wise ops
                 (counted in the passes)
     tp          TP/SP all-gathers and reduce-scatters sit on the critical path; async TP
-                splits each into tp chunks overlapping the matmuls, leaving the first chunk
-                (1/tp of it) or what exceeds the gemm time exposed
+                hides ASYNC_TP_HIDDEN_SHARE of them behind the matmuls (at most the gemm
+                time), the share TorchTitan's one published async-TP pair implies
     cp          the ring's K/V exchange overlaps the attention it feeds: only the excess
     fsdp        FSDP/HSDP all-gathers and reduce-scatters overlap compute up to its length;
                 the first unit's gather and the last unit's reduce-scatter are always exposed;
-                under PP the reductions run after the stage's last backward: all exposed
+                under PP the reductions run after the stage's last backward: all exposed,
+                pp times over with a runtime that reduces before sending (see
+                ``_exposed_data_parallel``)
     pp          point-to-point activation transfers (exposed)
-    bubble      (compute + tp + cp + ep) x b / (1 - b), b from schedule.bubble_fraction
+    grad_accumulation  pipelined FSDP's per-microbatch accumulation of the stage's unsharded
+                gradients in the reduce dtype, at HBM bandwidth (``gradient_accumulation``)
+    bubble      (compute + grad_accumulation + tp + cp + ep) x b / (1 - b), b from
+                schedule.bubble_fraction
     ep          MoE all-to-all dispatch and combine (moe.py: its volume): on the critical
                 path, as TP's collectives, since the experts wait for their tokens and the
                 next block for the combined output (no schedule here overlaps them with
                 another microbatch's compute, as DeepSeek's DualPipe does)
 
-MEMORY_BOUND_PASSES (eager and compiled) and FLOAT8_GEMM_EFFICIENCY are the model's only
-fitted numbers, each fitted to one published run (Table 1 of TorchTitan's performance docs,
-docs/planner-throughput.md); every other published row tests them.
+MEMORY_BOUND_PASSES (eager and compiled), FLOAT8_GEMM_EFFICIENCY and ASYNC_TP_HIDDEN_SHARE
+are the model's only fitted numbers, each fitted to one published run (the async-TP share to
+one pair; Tables 1 and 4 of TorchTitan's performance docs, docs/planner-throughput.md); every
+other published row tests them.
 """
 
 from __future__ import annotations
@@ -62,6 +68,22 @@ scale computations included: fitted to the same run with Float8 (8,532 tokens/s/
 above what fp8 matmuls reach alone (about 0.7): part of that run's gain is something the
 model does not represent, so Float8 predictions far from that shape deserve less trust."""
 
+ASYNC_TP_HIDDEN_SHARE = 0.262
+"""Share of the TP/SP collectives' modelled time that async TP hides behind the matmuls,
+calibrated on the published pair of runs differing only in async TP on the torch the
+published table's rows used: TorchTitan's
+docs/performance.md, Table 4 (Llama 3.1 70B on 256 H100, FSDP 32 x TP 8, seq 8192, local
+batch 16, full AC, compile, Float8; torch of 2024-12), 829 tokens/s/GPU without async TP and
+876 with. A GPU's step carries 512 x 8192 / 256 = 16,384 tokens, so the published steps are
+16,384 / 829 = 19.764 s and 16,384 / 876 = 18.703 s: async TP saved 1.060 s. The planner
+prices that row's TP collectives (communication.py, ring volume over NVLink) at 4.042 s, so
+the hidden share is 1.060 / 4.042 = 0.262. Applied to every layout with async TP (never fitted
+per row); the hidden time is capped at the gemm time, which the overlap needs. One pair on one
+torch version (the one of the 405B rows too): which collectives torch's micro-pipeline pass
+leaves unfused under Float8 and full AC is not published, and it changes with the version
+(TorchTitan's benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md, torch of 2025-06, same
+70B layout: async TP saves 2.3 s a step in bf16, 2.8 s with Float8 tensorwise, 1.1 s rowwise)."""
+
 
 @dataclasses.dataclass
 class StepTime:
@@ -77,6 +99,7 @@ class StepTime:
     pp: float
     bubble: float
     ep: float = 0.0
+    grad_accumulation: float = 0.0
 
     @property
     def compute(self) -> float:
@@ -135,13 +158,47 @@ def compute_times(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
     return gemm, attention, memory_bound, recompute
 
 
+def gradient_accumulation(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout,
+                          microbatches: int) -> float:
+    """Seconds a pipelined FSDP stage spends folding each microbatch's gradients into the
+    unsharded accumulator, on the busiest pipeline rank.
+
+    Under PP, torch.distributed.pipelining runs every microbatch's backward with FSDP's
+    gradient sync off (``set_requires_gradient_sync(False)``), so FSDP2's post-backward keeps
+    each gathered parameter's gradient unsharded: the first microbatch's bf16 gradient is cast
+    to the reduce dtype (``FSDPParam.to_accumulated_grad_if_needed``: read c, write r bytes),
+    every later one is added to it (``accumulate_unsharded_grad_if_needed``: read r + c, write
+    r). Per gathered parameter and step: (c + r) + (m - 1)(c + 2r) bytes of HBM traffic; with
+    the reduce dtype equal to the compute dtype autograd accumulates in place, 3c(m - 1).
+    Without PP, FSDP reduce-scatters every microbatch (counted in ``fsdp``) and nothing of this
+    size stays unsharded. Parameters: the busiest rank's blocks once gathered (dense over TP,
+    experts over EP; the embedding and head are left out)."""
+    if layout.pp == 1 or not layout.fsdp_enabled:
+        return 0.0
+    c, r = work.precision.compute_bytes, work.precision.reduce_bytes
+    per_param = 3 * c * (microbatches - 1) if r == c else (c + r) + (microbatches - 1) * (c + 2 * r)
+    params = busiest_rank_layers(m, layout) * m.gathered_block_params(layout.tp, layout.ep)
+    return params * per_param / (cluster.gpu.hbm_tbps * 1e12)
+
+
 def _exposed_data_parallel(m: ModelShape, work: Workload, layout: Layout,
                            seconds: dict[str, float], compute: float, microbatches: int) -> float:
     """FSDP/HSDP seconds the step waits for. Gathers and reductions overlap compute up to its
     length, and the first unit's gather and the last unit's reduction are always exposed.
     Under PP, torch.distributed.pipelining runs every unit's reduce-scatter (and HSDP's
     all-reduce) after the stage's last backward (``perform_reduce_grad``: FSDP's post_backward
-    for all of them at once, then waiting for them), so the reduction is exposed whole."""
+    for all of them at once, then waiting for them), so the reduction is exposed whole.
+
+    Older runtimes (``layout.pp_reduce_before_send``: torch before pytorch/pytorch#166449)
+    run that post-backward inside the stage's last backward, before its gradient is sent to
+    the previous stage, and FSDP2's post-backward makes the compute stream wait for each unit's
+    reduce-scatter before issuing the next (``comm_ctx.reduce_scatter_state.event``): the last
+    microbatch's backward then crosses every stage only after that stage's reduction, so the
+    step carries the reductions of all pp x v stages in a row, pp x the rank's reduction (the
+    whole of each, where all but its last unit's are waited for). scripts/pp_executor_timing.py
+    checks it on torch's own step tables: 1F1B (pp 8, m 8) and interleaved 1F1B (v 2, m 16)
+    both lengthen by 8 of a rank's reductions.
+    """
     data = seconds.get("fsdp", 0.0) + seconds.get("dp_replicate", 0.0)
     units = rank_layers(m, layout, 0) + 2  # blocks, embedding, head: one FSDP unit each
     if layout.pp == 1:
@@ -151,7 +208,8 @@ def _exposed_data_parallel(m: ModelShape, work: Workload, layout: Layout,
                                                               + prec.reduce_bytes)
     reduce += seconds.get("dp_replicate", 0.0)
     gather = data - reduce
-    return reduce + max(0.0, gather - compute) + gather / units
+    chain = layout.pp if layout.pp_reduce_before_send else 1
+    return chain * reduce + max(0.0, gather - compute) + gather / units
 
 
 def estimate_step_time(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout,
@@ -162,13 +220,14 @@ def estimate_step_time(m: ModelShape, cluster: Cluster, work: Workload, layout: 
     seconds = {c.dim: c.seconds for c in comms}
     tp = seconds.get("tp", 0.0)
     if layout.async_tp:
-        tp = max(tp / layout.tp, tp - gemm)
+        tp -= min(ASYNC_TP_HIDDEN_SHARE * tp, gemm)
     cp = max(0.0, seconds.get("cp", 0.0) - attention)
     ep = seconds.get("ep", 0.0)
     fsdp = _exposed_data_parallel(m, work, layout, seconds, compute, microbatches)
+    accumulation = gradient_accumulation(m, cluster, work, layout, microbatches)
     b = bubble_fraction(layout.pp, microbatches, layout.modelled_schedule,
                         layout.stages_per_rank)
-    bubble = (compute + tp + cp + ep) * b / (1 - b)
+    bubble = (compute + accumulation + tp + cp + ep) * b / (1 - b)
     return StepTime(gemm=gemm, attention=attention, memory_bound=memory_bound,
                     recompute=recompute, tp=tp, cp=cp, fsdp=fsdp, pp=seconds.get("pp", 0.0),
-                    bubble=bubble, ep=ep)
+                    bubble=bubble, ep=ep, grad_accumulation=accumulation)
