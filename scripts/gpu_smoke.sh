@@ -7,7 +7,8 @@
 # run with MFU from the GPU table; bf16 + compile + op SAC + float8 tensorwise + profiler + memory
 # snapshot + pinned async checkpoints; resume from them; float8 rowwise (SM 8.9+); bench.py; each
 # CUDA SDPA backend (the kernels CP's ring attention runs) against the math backend; document
-# masking's FlexAttention against dense SDPA, and a compiled block_causal run.
+# masking's FlexAttention against dense SDPA, and a compiled block_causal run; the MoE experts'
+# low-precision grouped GEMMs (kernel check, then a deepseek_v3 debug run).
 # More than one GPU adds, on 2 of them: FSDP, TP + float8, async TP (compiled), CP, PP.
 # (Async TP and CP need a TP/CP group of two ranks, and NCCL cannot put two ranks on one GPU, so
 # they run only there.) Stops at the first failed check, printing its log's tail; always prints
@@ -97,6 +98,17 @@ check sdpa-backends "$PYTHON" scripts/gpu_smoke_checks.py sdpa
 check block-causal-flex "$PYTHON" scripts/gpu_smoke_checks.py block_causal
 check block-causal train 1 block_causal --model.attn_mask_type=block_causal \
   --training.mixed_precision_param=bfloat16 --compile.enable=true
+check moe-grouped-mm "$PYTHON" scripts/gpu_smoke_checks.py moe_grouped_mm
+# The routed experts in the low-precision recipe this GPU runs natively, else emulated MXFP8.
+read -ra moe_flags <<<"$("$PYTHON" -c "
+import torch; from torchao.prototype.moe_training.mxfp8_grouped_mm import _SM100_KERNELS_AVAILABLE
+from torchtitan_like.components.moe_low_precision import device_unsupported_reason as why
+c = torch.cuda.get_device_capability()
+print(next((f'--float8.moe_grouped_mm={r}' for r in ('mxfp8', 'float8_rowwise')
+            if not why(r, False, 'cuda', '', c, _SM100_KERNELS_AVAILABLE)),
+           '--float8.moe_grouped_mm=mxfp8 --float8.emulate=true'))")"
+check moe-low-precision train 1 moe_low_precision --model.name=deepseek_v3 \
+  --model.flavor=debugmodel --training.mixed_precision_param=bfloat16 "${moe_flags[@]}"
 
 # --- two GPUs ---
 if [[ "$ngpu" -ge 2 ]]; then

@@ -122,6 +122,7 @@ class Trainer:
         ]
         check_plan_applied(spec.name, self.model_parts, self.parallel_dims, config)
         self.step_hooks = StepHooks()  # loss terms and metrics of the model's own modules
+        self.step_hooks.split_sequences(self.meshes.cp)
         for part in self.model_parts:
             attach_step_hooks(part, self.step_hooks)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 
-from torchtitan_like.components import float8, profiling
+from torchtitan_like.components import float8, moe_low_precision, profiling
 from torchtitan_like.components.checkpoint import validate_checkpoint
 from torchtitan_like.components.converters import resolve_converters
 from torchtitan_like.components.data.checks import check_data
@@ -82,6 +82,7 @@ def validate(config: JobConfig, world_size: int) -> None:
     check_supported_dims(spec, config)
     check_attn_mask_type(spec, config.model.attn_mask_type)
     validate_expert_layout(parallel_dims, args.num_routed_experts())
+    moe_low_precision.validate(config, device_type(), parallel_dims, lambda: spec.model_cls(args))
     context_parallel.validate(config, parallel_dims, spec.context_parallel_buffers is not None)
     if parallel_dims.pp > 1:
         _require(spec.pipelining_fn is not None,

@@ -45,7 +45,10 @@ The sequence-wise auxiliary loss under TP 2 (``tp2_aux``): every TP rank compute
 term from the replicated router inside the MoE's local TP region and adds 1/2 of its gradient,
 the region's collectives sum the two halves (components/model_hooks.py,
 ``share_loss_gradients``: exact scaling, class (b) for the sums); the logged aux term is not
-summed over TP, so it is the one-process value.
+summed over TP, so it is the one-process value. Under CP 2 (``cp2_aux``) each rank adds the
+share of its chunk's tokens, with every sequence's expert counts summed over the two CP ranks
+first (integers: exact); the shares add up in the gradient all-reduce and the logged sum, class
+(b).
 
 The balancing bias is compared exactly: it moves by +-coeff from integer token counts summed
 over the data-parallel ranks, so it equals the one-process trajectory unless a routing
@@ -90,6 +93,9 @@ TWO = {
                 "--training.local_batch_size", "4"],
     # CP 2: ring attention over head-tail chunks, MLA's narrower values padded for the ring
     "cp2": [*MOE, *CP2, "--training.local_batch_size", "4"],
+    # the aux loss under CP 2: each sequence's expert counts summed over the two chunk holders
+    "cp2_aux": [*MOE, *CP2, "--model.flavor", "debugmodel_aux", "--training.local_batch_size",
+                "4"],
 }
 FOUR = {
     "hsdp_2x2_ep2": ep(2, "--parallelism.data_parallel_replicate_degree", "2", *LOCAL1),
@@ -104,7 +110,13 @@ FOUR = {
 }
 RESUMED = ["ep2_from_one", "one_from_ep2"]
 COMPILED_TWO = ["ep2_compile", "tp2_etp2_compile"]  # TWO's layouts with per-block compile
-AUX = ["ep2_aux", "tp2_aux"]  # against reference_aux
+AUX = ["ep2_aux", "tp2_aux", "cp2_aux"]  # against reference_aux
+MXFP8 = ["--float8.moe_grouped_mm", "mxfp8", "--float8.emulate", "true"]
+"""Routed experts in torchao's emulated MXFP8 (components/moe_low_precision.py)."""
+MXFP8_TWO = {
+    "ep2_mxfp8": ep(2, *MXFP8),  # each rank's 4 experts wrapped, EP's local shards
+    "fsdp2_mxfp8": [*MOE, *MXFP8],  # EP 1: the wrapped experts FSDP-sharded over the 2 ranks
+}
 
 
 def read_biases(folder: Path) -> list[list[list[float]]]:
@@ -135,18 +147,20 @@ def runs(corpus, tmp_path_factory):
     compiled = compile_blocks(tmp_path_factory)
     one = launch(1, {"reference": reference,
                      "reference_aux": [*reference, "--model.flavor", "debugmodel_aux"],
+                     "reference_mxfp8": [*MOE, "--training.local_batch_size", "4", *MXFP8],
                      "compile": [*MOE, "--training.local_batch_size", "4", *compiled]},
                  root / "one", corpus, worker=WORKER)
     copy_checkpoint(root / "one" / "reference", root / "two" / "ep2_from_one")
     two = launch(2, {**TWO, "ep2_compile": ep(2, *compiled),
-                     "tp2_etp2_compile": [*TWO["tp2_etp2"], *compiled]}, root / "two", corpus,
-                 worker=WORKER)
+                     "tp2_etp2_compile": [*TWO["tp2_etp2"], *compiled], **MXFP8_TWO},
+                 root / "two", corpus, worker=WORKER)
     four = launch(4, FOUR, root / "four", corpus, worker=WORKER)
     copy_checkpoint(root / "two" / "ep2", root / "one" / "one_from_ep2")
     back = launch(1, {"one_from_ep2": [*MOE, *SAVE]}, root / "one", corpus, worker=WORKER)
     biases = {name: read_biases(root / folder / name)
-              for folder, cases in (("one", ["reference", "reference_aux", "compile"]),
-                                    ("two", [*TWO, *COMPILED_TWO]),
+              for folder, cases in (("one", ["reference", "reference_aux", "compile",
+                                             "reference_mxfp8"]),
+                                    ("two", [*TWO, *COMPILED_TWO, *MXFP8_TWO]),
                                     ("four", FOUR))
               for name in cases if name not in RESUMED}
     return {**one, **two, **four, **back}, biases
@@ -196,3 +210,54 @@ def test_bias_balancing_moves(runs):
     trajectory = biases["reference"]
     assert len(trajectory) == STEPS and len(trajectory[0]) == 3  # steps x MoE layers
     assert any(v != 0 for layer in trajectory[-1] for v in layer)
+
+
+@pytest.mark.parametrize("case", list(MXFP8_TWO))
+def test_mxfp8_experts_match_one_process_with_mxfp8_experts(runs, case):
+    """Emulated MXFP8 experts under EP 2 (and under FSDP 2, EP 1) against one process with
+    them.
+
+    Every MXFP8 scale is a function of one expert's weight, of one token row, or of one
+    expert's tokens in order (each group padded to 32 rows, so no block straddles experts):
+    the layout does not enter. What does is the input: the dense layers' fp32 sums in another
+    order (class b) put the experts' activations a few ulps (2^-22 relative) off, and an
+    operand then flips to the neighbouring e4m3 value only when it lies that close to a
+    rounding boundary, with probability ~2^-22 / 2^-4 = 4e-6 per element; a flip moves the
+    loss by far less than MXFP8's whole distance from fp32 (1.9e-6 at step 1, the random sum of
+    ~1e6 roundings). So steps 1-2 stay within FP32_PARITY_TOL (the weights are equal: Adam's
+    first update is +-lr whatever the rounding). From step 3 the weights differ by lr x (the
+    gradients' relative difference) and their roundings flip too: two MXFP8 runs with partly
+    independent roundings, each flip at most one e4m3 step, twice the half-step error MXFP8
+    makes against fp32; so the layout may drift from one process by at most twice one
+    process's distance from fp32 so far, as float8 under TP (tests/parallel/test_float8_fsdp.py).
+    Measured: EP 2 <= 9.5e-7, FSDP 2 <= 4.7e-6 (step 3; bound 1.7e-4). The bias, moved by
+    +-coeff from integer token counts, is identical unless a routing decision flips.
+    """
+    records, biases = runs
+    ours, one = losses(records[case]), losses(records["reference_mxfp8"])
+    fp32 = losses(records["reference"])
+    assert len(ours) == STEPS
+    assert_close(ours[:2], one[:2], FP32_PARITY_TOL)
+    distance = max(abs(a - b) for a, b in zip(one, fp32, strict=True))
+    assert abs(ours[2] - one[2]) <= max(FP32_PARITY_TOL, 2 * distance)
+    assert biases[case] == biases["reference_mxfp8"]
+
+
+MXFP8_TOL = 1e-3
+"""Emulated MXFP8 experts against fp32, per step over 3 steps (class c). Only the routed
+experts' GEMMs are quantized (e4m3: up to 2^-4 per operand element, ~4% rms per GEMM) and
+their outputs rounded to bf16; with the debug model's small initial expert outputs this moves
+the loss by 1.9e-6 at step 1 and 8.4e-5 by step 3 (measured, default and avx2 kernels). 1e-3 is
+12x that; a saturating conversion (every MXFP8 scale 2x too small: block maxima clipped to
+half) moves the loss by 2.2e-3 at step 2 and 1.1e-2 at step 3 (measured by wrapping torchao's
+``to_mx``), which it catches."""
+
+
+def test_mxfp8_experts_train_close_to_fp32(runs):
+    """The loss falls as in fp32, within MXFP8_TOL; a difference above FP32_PARITY_TOL shows
+    MXFP8 ran at all."""
+    records, _ = runs
+    mxfp8, fp32 = losses(records["reference_mxfp8"]), losses(records["reference"])
+    assert len(mxfp8) == STEPS and mxfp8[-1] < mxfp8[0] - 0.3
+    assert_close(mxfp8, fp32, MXFP8_TOL)
+    assert max(abs(a - b) for a, b in zip(mxfp8, fp32, strict=True)) > FP32_PARITY_TOL

@@ -84,8 +84,7 @@ def test_unsupported_layouts_are_refused_at_start_up():
     base = ["--model.name", "deepseek_v3", "--model.flavor", "debugmodel"]
     cp2 = ["--parallelism.context_parallel_degree", "2"]
     parse_args([*base, *cp2], 2)  # ring attention with MLA's values padded
-    with pytest.raises(ConfigError, match=r"auxiliary balance loss .* context_parallel_degree"):
-        parse_args([*base, "--model.flavor", "debugmodel_aux", *cp2], 2)
+    parse_args([*base, "--model.flavor", "debugmodel_aux", *cp2], 2)  # counts summed over CP
     with pytest.raises(ConfigError, match="n_heads = 4 is not divisible"):
         parse_args([*base, "--parallelism.tensor_parallel_degree", "8",
                     "--parallelism.expert_tensor_parallel_degree", "8"], 8)

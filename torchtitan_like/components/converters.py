@@ -10,7 +10,9 @@ Each name is registered with ``register_converter(name, build)``; a ``[job] cust
 module registers its own the same way (another numeric format, quantization-aware training).
 Float8 is registered as "float8" and keeps its settings in ``[float8]``; its historical switch
 ``[float8] enable = true`` means the same as listing "float8" (appended last when not listed),
-and listing it turns ``enable`` on, so both spellings give one job.
+and listing it turns ``enable`` on, so both spellings give one job. "moe_grouped_mm" (the routed
+experts' low-precision grouped GEMMs, components/moe_low_precision.py) likewise follows
+``[float8] moe_grouped_mm``.
 """
 
 from __future__ import annotations
@@ -86,6 +88,18 @@ def resolve_converters(config: JobConfig) -> None:
         config.float8.enable = True
     elif config.float8.enable:
         config.model.converters.append("float8")
+    _resolve_moe_grouped_mm(config)
+
+
+def _resolve_moe_grouped_mm(config: JobConfig) -> None:
+    """``[float8] moe_grouped_mm`` other than "none" means the converter "moe_grouped_mm"
+    (appended when not listed); listing it needs the recipe, which only the field names."""
+    listed = "moe_grouped_mm" in config.model.converters
+    if listed and config.float8.moe_grouped_mm == "none":
+        raise ConfigError('[model] converters lists "moe_grouped_mm": choose its recipe with '
+                          '[float8] moe_grouped_mm = "mxfp8" or "float8_rowwise"')
+    if not listed and config.float8.moe_grouped_mm != "none":
+        config.model.converters.append("moe_grouped_mm")
 
 
 def _build_float8(config: JobConfig, parallel_dims: ParallelDims,
@@ -97,6 +111,16 @@ def _build_float8(config: JobConfig, parallel_dims: ParallelDims,
 
 
 register_converter("float8", _build_float8)
+
+
+def _build_moe_grouped_mm(config: JobConfig, _parallel_dims: ParallelDims,
+                          _device_type: str) -> ModelConverter:
+    from torchtitan_like.components.moe_low_precision import MoEGroupedMMConverter
+
+    return MoEGroupedMMConverter(config.float8)
+
+
+register_converter("moe_grouped_mm", _build_moe_grouped_mm)
 
 
 def build_converters(config: JobConfig, parallel_dims: ParallelDims,

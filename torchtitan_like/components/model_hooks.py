@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -91,6 +92,7 @@ class StepHooks:
     _aux: dict[str, torch.Tensor] = field(default_factory=dict)
     _metrics: dict[str, _Metric] = field(default_factory=dict)
     _loss_copies: int = 1
+    _sequence_mesh: DeviceMesh | None = None
 
     def begin_step(self, global_tokens: torch.Tensor) -> None:
         """Start a step whose loss is normalised by ``global_tokens``; forget the last step."""
@@ -158,6 +160,26 @@ class StepHooks:
         ``reduce``, so it stays the one-process value.
         """
         self._loss_copies = copies
+
+    def split_sequences(self, mesh: DeviceMesh) -> None:
+        """Every sequence of a microbatch is split over ``mesh``'s ranks (context parallelism:
+        each holds the same sequences' chunks), so statistics of whole sequences need
+        ``sequence_sum``."""
+        self._sequence_mesh = mesh if mesh.size() > 1 else None
+
+    @property
+    def sequence_shards(self) -> int:
+        """How many ranks hold parts of each sequence (1 without context parallelism)."""
+        return 1 if self._sequence_mesh is None else self._sequence_mesh.size()
+
+    def sequence_sum(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` (no gradient) summed over the ranks holding parts of the same sequences:
+        a per-sequence count over whole sequences. Every rank of the group runs the same
+        forwards in the same order (CP ranks share data, stage and microbatches), recomputation
+        included, so the collective always pairs up."""
+        if self._sequence_mesh is None:
+            return value
+        return funcol.all_reduce(value.detach(), "sum", self._sequence_mesh)
 
     def record_metric(self, name: str, value: torch.Tensor, reduce: str = "sum",
                       derive: Callable[[torch.Tensor], float] | None = None,

@@ -245,10 +245,13 @@ class Float8:
     """Compute all weight scales in one all-reduce after each optimizer step; needs the above."""
 
     emulate: bool = False
-    """Emulate the float8 matmuls in high precision (any device; for numerics tests, not speed)."""
+    """Emulate float8 matmuls (and mxfp8 expert GEMMs) in high precision: any device, no speed."""
 
     filter_fqns: list[str] = field(default_factory=list)
     """Linears whose name contains any of these strings stay in high precision, e.g. wk,wv."""
+
+    moe_grouped_mm: Literal["none", "float8_rowwise", "mxfp8"] = "none"
+    """Routed experts' grouped GEMMs in low precision: float8_rowwise (SM 9.0), mxfp8 (SM 10.x)."""
 
 
 @dataclass

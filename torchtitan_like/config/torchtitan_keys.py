@@ -65,8 +65,10 @@ UNSUPPORTED: dict[str, str] = {
     "fault_tolerance": "TorchFT is not integrated; MAX_RESTARTS=N ./run_train.sh restarts the "
                        "job from its latest checkpoint",
     "memory_estimation": "use scripts/plan.py, which estimates memory per layout",
-    "mx": "MXFP8 needs Blackwell GPUs and is not implemented; use [float8]",
-    "quantize": "MX/Float8 are configured under [float8] only",
+    "mx": "MXFP8 linears are not implemented; the routed experts' MXFP8 grouped GEMMs are "
+          "[float8] moe_grouped_mm = \"mxfp8\"",
+    "quantize": "MX/Float8 are configured under [float8] only (the routed experts' grouped "
+                "GEMMs: [float8] moe_grouped_mm)",
 }
 """TorchTitan key -> why it has no counterpart here (after "not supported, because ...")."""
 

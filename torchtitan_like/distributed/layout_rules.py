@@ -101,18 +101,6 @@ def check_context_parallel(cp: int, tp: int, seq_len: int, load_balancer: str) -
              f"= {tp}; choose seq_len divisible by {cp} x {tp} (and by {chunks})")
 
 
-def check_moe_context_parallel(cp: int, aux_loss_coeff: float, where: str) -> None:
-    """The sequence-wise auxiliary balance loss multiplies two statistics of each *whole*
-    sequence (the share of its tokens sent to each expert, and its mean affinities); a CP
-    rank holds only chunks of every sequence, so it would balance its chunks instead. The
-    model's args and the planner both call it."""
-    _require(cp == 1 or aux_loss_coeff == 0,
-             f"{where}: the sequence-wise auxiliary balance loss (aux_loss_coeff = "
-             f"{aux_loss_coeff}) is not supported with [parallelism] context_parallel_degree = "
-             f"{cp} (each CP rank holds only chunks of every sequence); use bias balancing "
-             "(aux_loss_coeff = 0), or context_parallel_degree = 1")
-
-
 def check_attention_mask(cp: int, attn_mask_type: str) -> None:
     """Context parallelism swaps attention for ring attention, which knows causal masking only
     (no per-document mask over a sequence split across ranks)."""

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed.layout_rules import (
-    check_moe_context_parallel,
     check_moe_tensor_parallel,
     check_tensor_parallel_shapes,
 )
@@ -92,7 +91,6 @@ class DeepSeekV3Args(BaseModelArgs):
         # MLA splits by heads (queries, keys and values alike), as llama's attention
         check_tensor_parallel_shapes(parallel_dims.tp, self.n_heads, self.n_heads,
                                      self.vocab_size, flavor)
-        check_moe_context_parallel(parallel_dims.cp, self.moe.aux_loss_coeff, flavor)
         check_moe_tensor_parallel(parallel_dims.tp, float8=job_config.float8.enable,
                                   where=flavor)
 

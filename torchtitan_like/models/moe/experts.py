@@ -23,6 +23,9 @@ class GroupedExperts(nn.Module):
                              "bf16); change them or set use_grouped_mm = False")
         self.num_experts = num_experts
         self.use_grouped_mm = use_grouped_mm
+        # Each expert's rows are padded with zero rows to a multiple of this before the grouped
+        # GEMMs (low-precision ones need it: components/moe_low_precision.py).
+        self.token_group_multiple = 1
         self.w1 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
         self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden_dim))
         self.w3 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
@@ -34,9 +37,13 @@ class GroupedExperts(nn.Module):
         # shard holds exactly the experts whose tokens ``x`` carries.
         w1, w2, w3 = (w.to_local() if isinstance(w, DTensor) else w
                       for w in (self.w1, self.w2, self.w3))
-        if self.use_grouped_mm:
+        if not self.use_grouped_mm:
+            return _looped_swiglu(x, num_tokens_per_expert, w1, w2, w3)
+        if self.token_group_multiple == 1:
             return _grouped_swiglu(x, num_tokens_per_expert, w1, w2, w3)
-        return _looped_swiglu(x, num_tokens_per_expert, w1, w2, w3)
+        rows, padded_counts = _padded_rows(num_tokens_per_expert, self.token_group_multiple)
+        padded = x.new_zeros(int(padded_counts.sum()), x.shape[1]).index_copy(0, rows, x)
+        return _grouped_swiglu(padded, padded_counts, w1, w2, w3)[rows]
 
     def init_weights(self, init_std: float) -> None:
         nn.init.trunc_normal_(self.w1, mean=0.0, std=0.02)
@@ -53,6 +60,16 @@ def _grouped_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor,
     h = F.silu(torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs))
     h = h * torch._grouped_mm(x, w3.transpose(-2, -1), offs=offs)
     return torch._grouped_mm(h, w2.transpose(-2, -1), offs=offs).type_as(x)
+
+
+def _padded_rows(counts: torch.Tensor, multiple: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each row goes when every expert's group is followed by zero rows up to a multiple
+    of ``multiple`` rows, and the padded counts. Zero rows give zero outputs and add nothing to
+    the weight gradients."""
+    padded = (counts + multiple - 1) // multiple * multiple
+    padding_before = torch.cumsum(padded - counts, 0) - (padded - counts)
+    rows = torch.arange(int(counts.sum()), device=counts.device)
+    return rows + torch.repeat_interleave(padding_before, counts), padded
 
 
 def _looped_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor,

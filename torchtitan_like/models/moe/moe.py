@@ -8,7 +8,7 @@ auxiliary loss reaches the training loss through the step hooks (``step_hooks.ad
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -52,7 +52,9 @@ class MoE(nn.Module):
         if self.step_hooks is not None:
             self._record_load(counts)
             if self.args.aux_loss_coeff > 0:
-                aux = sequence_balance_loss(scores, selected, bs, self.args)
+                aux = sequence_balance_loss(scores, selected, bs, self.args,
+                                            self.step_hooks.sequence_sum,
+                                            self.step_hooks.sequence_shards)
                 x = self.step_hooks.add_loss("moe_aux", x, aux)
                 flat = x.reshape(-1, dim)
         # Sort the (token, choice) pairs by expert; a stable sort keeps token order within an
@@ -116,20 +118,28 @@ def worst_imbalance(tokens_per_expert_per_layer: torch.Tensor) -> float:
 
 
 def sequence_balance_loss(scores: torch.Tensor, selected: torch.Tensor, batch_size: int,
-                          args: MoEArgs) -> torch.Tensor:
+                          args: MoEArgs,
+                          sequence_sum: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+                          shards: int = 1) -> torch.Tensor:
     """DeepSeek-V3's complementary sequence-wise balance loss, summed over the sequences:
     per sequence of T tokens, alpha * sum_i f_i * P_i with
     f_i = N_r / (K_r * T) * #{tokens choosing expert i} and P_i = mean_t s'_{i,t}, where s' are
     the affinities normalised over all experts. Multiplied by T, the sum is in the units of a
     cross-entropy *sum*, so the trainer's division by the global token count yields the mean
-    over sequences whatever the layout."""
+    over sequences whatever the layout.
+
+    Under context parallelism a rank holds T / ``shards`` tokens of every sequence. The term is
+    bilinear: f_i is a count over the whole sequence (``sequence_sum`` of the ranks' counts:
+    integers, exact, no gradient) and P_i a sum over tokens; so each rank adds
+    alpha * T * sum_i f_i * (its tokens' sum of s'_i) / T, and the ranks' terms add up to the
+    one-process term, whose gradient reaches each token's scores on the rank that holds it."""
     experts, k = args.num_experts, args.top_k
     scores = scores.view(batch_size, -1, experts)
-    seq_len = scores.shape[1]
+    seq_len = scores.shape[1] * shards
     normalised = scores / scores.sum(dim=-1, keepdim=True)
-    p = normalised.mean(dim=1)  # (bs, experts)
+    p = normalised.sum(dim=1) / seq_len  # (bs, experts): this rank's share of the mean
     chosen = torch.zeros_like(p).scatter_add_(
         1, selected.view(batch_size, -1), torch.ones_like(selected.view(batch_size, -1),
                                                           dtype=p.dtype))
-    f = chosen * experts / (k * seq_len)
+    f = sequence_sum(chosen) * experts / (k * seq_len)
     return args.aux_loss_coeff * seq_len * (f * p).sum()

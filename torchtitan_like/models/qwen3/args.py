@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed.layout_rules import (
-    check_moe_context_parallel,
     check_moe_tensor_parallel,
 )
 from torchtitan_like.models.llama3.args import check_heads_and_layout
@@ -68,7 +67,6 @@ class Qwen3Args(BaseModelArgs):
             raise ConfigError(f"{flavor}: head_dim {self.head_dim} must be even (RoPE rotates "
                               "pairs)")
         if self.moe is not None:
-            check_moe_context_parallel(parallel_dims.cp, self.moe.aux_loss_coeff, flavor)
             check_moe_tensor_parallel(parallel_dims.tp, float8=job_config.float8.enable,
                                       where=flavor)
         if (self.moe is not None and job_config.checkpoint.initial_load_in_hf

@@ -56,6 +56,5 @@ def _trainer_rules(m: ModelShape, work: Workload, layout: Layout) -> int:
                         etp=t if m.num_experts else 1)  # under TP the trainer runs ETP = TP
     validate_expert_layout(dims, m.num_experts)
     if m.num_experts:
-        rules.check_moe_context_parallel(layout.cp, m.args.moe.aux_loss_coeff, "the model")
         rules.check_moe_tensor_parallel(t, float8=layout.float8, where="the model")
     return steps * per_schedule
