@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from worker_exit import finish_worker
 
@@ -38,6 +39,10 @@ def main() -> None:
     world_size = int(os.environ["WORLD_SIZE"])
     device = init_distributed()
     for overrides in cases.values():
+        # Each case is a job of its own: without this, dynamo would carry the shapes seen by
+        # an earlier case's compiled code over (automatic dynamic shapes) and compile a later
+        # case's blocks for a symbolic batch size, which no single job does.
+        torch._dynamo.reset()
         trainer = Trainer(parse_args(overrides, world_size), device)
         trajectory = record_biases(trainer)
         trainer.train()

@@ -88,10 +88,9 @@ def test_unsupported_layouts_are_refused_at_start_up():
     with pytest.raises(ConfigError, match="n_heads = 4 is not divisible"):
         parse_args([*base, "--parallelism.tensor_parallel_degree", "8",
                     "--parallelism.expert_tensor_parallel_degree", "8"], 8)
-    with pytest.raises(ConfigError, match="block compile"):
-        parse_args([*base, "--compile.enable", "--parallelism.tensor_parallel_degree", "2",
-                    "--parallelism.expert_tensor_parallel_degree", "2"], 2)
     parse_args([*base, "--compile.enable"], 1)
+    parse_args([*base, "--compile.enable", "--parallelism.tensor_parallel_degree", "2",
+                "--parallelism.expert_tensor_parallel_degree", "2"], 2)
 
 
 @pytest.mark.parametrize("ac", ["none", "full"])
@@ -118,3 +117,29 @@ def test_moe_blocks_are_compiled_around_the_moe_layer(ac):
                  ("attention", "moe.router", "moe.shared_experts")}
     assert moe_block <= compiled
     assert not {"1", f"1{unwrap}", f"1{unwrap}.moe", f"1{unwrap}.moe.experts"} & compiled
+
+
+def test_tensor_parallel_regions_are_compiled_inside(one_process_group):
+    """Under TP (a one-rank TP mesh here) MLA and the MoE layer run as local TP regions: MLA's
+    own forward is compiled while its hooks (the collectives, the parameter swap) stay eager,
+    the MoE region is compiled around its routed experts, the dense SwiGLU pair whole."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from torchtitan_like.config.job_config import Compile
+    from torchtitan_like.distributed.compile import apply_compile
+    from torchtitan_like.distributed.plan_check import _compiled
+    from torchtitan_like.models.deepseek_v3.parallelize import block_tp_plan
+    from torchtitan_like.models.moe import routed_experts
+
+    with torch.device("meta"):
+        model = DeepSeekV3Model(deepseek_v3_flavors["debugmodel"])
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+    for block in model.layers.values():
+        parallelize_module(block, mesh, block_tp_plan(block, "cpu"))
+    apply_compile(model.layers, Compile(enable=True), routed_experts(model.layers.values()))
+    whole = {name for name, m in model.layers.named_modules() if _compiled(m)}
+    inside = {name for name, m in model.layers.named_modules() if "forward" in vars(m)}
+    assert inside == {f"{i}.attention" for i in range(4)}
+    assert whole == {"0.feed_forward", *(f"{i}.moe.{part}" for i in (1, 2, 3)
+                                         for part in ("router", "shared_experts"))}

@@ -19,6 +19,17 @@ bf16 on GPU, compiles them apart from the hooks); they are single ATen calls per
 either way. Compiling pieces instead of the block changes no arithmetic: each compiled piece
 computes the same ops as in eager, possibly summed in another order.
 
+Under tensor parallelism MLA and the MoE layer run as local TP regions
+(distributed/local_tp.py), whose forward hooks gather the sequence, swap each parameter for its
+local shard in the owner's ``_parameters`` and reduce-scatter the output. Dynamo would trace
+that swap (a mutation of module state) and the eager DTensor collectives around it, so a block
+holding a region is compiled around it too, and the region *inside*: its own ``forward``, which
+computes on the plain local tensors the hooks swapped in, is compiled, while the hooks stay
+eager. The compiled forward reads the local shards as ordinary tensor inputs (new ones each
+step, with the same shapes: no recompilation), and gets their gradients back through the
+swapped views' own autograd (the reduce of a replicated weight's gradient included), as in
+eager. A MoE region, holding routed experts, is compiled around them as above.
+
 Side effects under activation checkpointing: a block's Python side effects (the loss and
 metric hooks of components/model_hooks.py record values) run once per forward. Eager
 checkpointing would replay them while recomputing in backward, which is why the hooks ignore
@@ -36,37 +47,48 @@ import torch
 from torch import nn
 
 from torchtitan_like.config.job_config import Compile
+from torchtitan_like.distributed.local_tp import is_local_tp_region
 from torchtitan_like.distributed.parallel_dims import Meshes
 
 
 def apply_compile(blocks: nn.ModuleDict, config: Compile,
                   routed_experts: Sequence[nn.Module] = ()) -> None:
     """Compile each block in place (after activation checkpointing wrapped it, before FSDP);
-    a block holding any of ``routed_experts`` (GroupedExperts) is compiled around them."""
+    a block holding any of ``routed_experts`` (GroupedExperts) or a local TP region is
+    compiled around them (module docstring)."""
     if not config.compiles_blocks:
         return
     torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
     experts = set(routed_experts)
     for block in blocks.values():
-        if _holds(block, experts):
+        if _holds_eager_part(block, experts):
             _compile_around(block, experts)
         else:
             block.compile(fullgraph=True)
 
 
-def _holds(module: nn.Module, experts: Collection[nn.Module]) -> bool:
+def _holds_experts(module: nn.Module, experts: Collection[nn.Module]) -> bool:
     return any(m in experts for m in module.modules())
+
+
+def _holds_eager_part(module: nn.Module, experts: Collection[nn.Module]) -> bool:
+    """Whether compiling ``module`` whole would trace what must stay eager: routed experts,
+    or the hooks of a local TP region."""
+    return any(m in experts or is_local_tp_region(m) for m in module.modules())
 
 
 def _compile_around(module: nn.Module, experts: Collection[nn.Module]) -> None:
     """Compile each child of ``module`` (whose own forward stays eager) that is not one of
-    ``experts``: whole if it holds none of them, else around them in turn. A torch.nn layer
-    (an RMSNorm: one ATen op, nothing to fuse) stays eager: dynamo does not start a frame
-    inside torch's own files, and ``fullgraph`` would refuse the empty result."""
+    ``experts``: a local TP region without experts inside its hooks, others whole if they
+    hold no eager part, else around it in turn. A torch.nn layer (an RMSNorm: one ATen op,
+    nothing to fuse) stays eager: dynamo does not start a frame inside torch's own files,
+    and ``fullgraph`` would refuse the empty result."""
     for child in module.children():
         if child in experts:
             continue
-        if _holds(child, experts):
+        if is_local_tp_region(child) and not _holds_experts(child, experts):
+            child.forward = torch.compile(child.forward, fullgraph=True)
+        elif _holds_eager_part(child, experts):
             _compile_around(child, experts)
         elif not type(child).forward.__module__.startswith("torch."):
             child.compile(fullgraph=True)

@@ -70,19 +70,12 @@ def check_tensor_parallel_shapes(tp: int, n_heads: int, kv_heads: int, vocab_siz
              "and the output head are split by vocabulary rows); choose a degree that divides it")
 
 
-def check_moe_tensor_parallel(tp: int, *, float8: bool, compiled: bool, where: str) -> None:
+def check_moe_tensor_parallel(tp: int, *, float8: bool, where: str) -> None:
     """Under TP a MoE layer is one TP region whose ranks each hold a partial sum of its output
     (distributed/local_tp.py). Float8 linears inside such a region would scale each rank's
-    shard on its own (torchao's float8 TP styles do not apply there). Block compile would
-    trace the regions' parameter swaps (forward hooks of the compiled attention): not done
-    yet. (A loss term computed inside the region, the auxiliary balance loss, is exact: each
-    TP rank adds 1/tp of its gradient, components/model_hooks.py.) The model's args and the
-    planner both call it."""
-    _require(tp == 1 or not compiled,
-             f"{where}: block compile ([compile] enable with components including \"model\") "
-             f"with [parallelism] tensor_parallel_degree = {tp} is not supported for "
-             "mixture-of-experts models yet; set one of them off (components = [\"loss\"] "
-             "still compiles the loss)")
+    shard on its own (torchao's float8 TP styles do not apply there). (A loss term computed
+    inside the region, the auxiliary balance loss, is exact: each TP rank adds 1/tp of its
+    gradient, components/model_hooks.py.) The model's args and the planner both call it."""
     _require(tp == 1 or not float8,
              f"{where}: [float8] enable with [parallelism] tensor_parallel_degree = {tp} is not "
              "supported for mixture-of-experts models (their attention/MoE layers run as local "

@@ -111,7 +111,14 @@ class LocalTensorParallel(ParallelStyle):
         module.register_forward_pre_hook(
             lambda m, args: _enter(m, args, device_mesh, slots, gather))
         module.register_forward_hook(lambda m, _args, out: _leave(m, out, device_mesh, gather))
+        module._local_tp_region = True
         return module
+
+
+def is_local_tp_region(module: nn.Module) -> bool:
+    """Whether ``module`` runs as a LocalTensorParallel region: per-block compile compiles its
+    forward but leaves its hooks (collectives, parameter swap) eager (distributed/compile.py)."""
+    return getattr(module, "_local_tp_region", False)
 
 
 def _enter(module: nn.Module, args: tuple, mesh: DeviceMesh,

@@ -91,9 +91,8 @@ class DeepSeekV3Args(BaseModelArgs):
         # MLA splits by heads (queries, keys and values alike), as llama's attention
         check_tensor_parallel_shapes(parallel_dims.tp, self.n_heads, self.n_heads,
                                      self.vocab_size, flavor)
-        check_moe_tensor_parallel(parallel_dims.tp,
-                                  float8=job_config.float8.enable,
-                                  compiled=job_config.compile.compiles_blocks, where=flavor)
+        check_moe_tensor_parallel(parallel_dims.tp, float8=job_config.float8.enable,
+                                  where=flavor)
 
     def _attention_params(self) -> int:
         d, h = self.dim, self.n_heads

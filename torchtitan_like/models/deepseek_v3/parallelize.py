@@ -3,11 +3,11 @@
 The steps and their order are llama3's (each lives in its own file under distributed/, the
 tail applied by distributed/plan_toolkit.py's ``apply_block_tail``): tensor parallel ->
 expert parallelism -> activation checkpointing -> compile -> FSDP2, each skipping the modules
-a pipeline stage dropped; the MoE blocks compile around their MoE layer (distributed/compile.py;
-refused under TP). Expert parallelism shards ``moe.experts`` and wraps its forward with the token
-all-to-alls, and its FSDP step then shards the expert weights over their own mesh. The MoE
-balancing bias update is an optimizer step post-hook (``register_optimizer_hooks``), not a
-module change.
+a pipeline stage dropped; the MoE blocks compile around their MoE layer, and under TP every
+block around its local TP regions (distributed/compile.py). Expert parallelism shards
+``moe.experts`` and wraps its forward with the token all-to-alls, and its FSDP step then
+shards the expert weights over their own mesh. The MoE balancing bias update is an optimizer
+step post-hook (``register_optimizer_hooks``), not a module change.
 
 Tensor parallel: the embedding, final norm and head as llama's (vocabulary rows, sequence
 parallel norm, loss parallel), the block norms sequence parallel, a dense block's SwiGLU

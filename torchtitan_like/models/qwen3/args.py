@@ -67,9 +67,8 @@ class Qwen3Args(BaseModelArgs):
             raise ConfigError(f"{flavor}: head_dim {self.head_dim} must be even (RoPE rotates "
                               "pairs)")
         if self.moe is not None:
-            check_moe_tensor_parallel(parallel_dims.tp,
-                                      float8=job_config.float8.enable,
-                                      compiled=job_config.compile.compiles_blocks, where=flavor)
+            check_moe_tensor_parallel(parallel_dims.tp, float8=job_config.float8.enable,
+                                      where=flavor)
         if (self.moe is not None and job_config.checkpoint.initial_load_in_hf
                 and (parallel_dims.fsdp_enabled or parallel_dims.tp > 1)):
             raise ConfigError(f"{flavor}: HF expert weights are read one tensor per expert, "

@@ -57,6 +57,5 @@ def _trainer_rules(m: ModelShape, work: Workload, layout: Layout) -> int:
                         etp=expert_tensor_parallel(t, layout.ep) if m.num_experts else 1)
     validate_expert_layout(dims, m.num_experts)
     if m.num_experts:
-        rules.check_moe_tensor_parallel(t, float8=layout.float8,
-                                        compiled=layout.compile, where="the model")
+        rules.check_moe_tensor_parallel(t, float8=layout.float8, where="the model")
     return steps * per_schedule
