@@ -13,7 +13,8 @@ EP=2's under one process, continue with the reference's losses within the same 1
 
 Tensor parallelism (TP=2, ETP=TP, EP=1: ``tp2_aux`` eager, ``tp2_etp2_compile``; with EP=2 on
 the dp_shard pair, ``tp2_ep2_etp2``) runs multi-head latent attention split by heads and
-every expert split by hidden features (distributed/local_tp.py). Each rank computes a slice of the same terms (per head; per expert-hidden feature) and the slices are
+every expert split by hidden features (distributed/local_tp.py). Each rank computes a slice of
+the same terms (per head; per expert-hidden feature) and the slices are
 summed by the reduce-scatters, the replicated weights' gradients by all-reduces: fp32 terms
 summed in another order, class (b) of tests/harness.py, FP32_PARITY_TOL = 1e-5 (measured
 1.4e-6 on these losses). Every rank routes every token from the same replicated gate, so the
