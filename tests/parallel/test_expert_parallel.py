@@ -44,10 +44,12 @@ a token's choice of experts flips only if its k-th and (k+1)-th biased scores li
 and no decision of these runs does (a flip sends one of 256 tokens through another expert
 and moves the loss by far more than 1e-5, as would a compiled piece that computes the wrong
 thing). Measured on an Intel Xeon, default (AVX-512) and avx2 kernels: at most 9.5e-7 (one
-ulp at losses ~8), one process and EP 2. Under TP 2 (``tp2_etp2_compile``) the same argument
-holds with the TP case's reordered sums added: MLA is compiled inside its local TP region (the
-region's collectives and parameter swap stay eager), the MoE region around its routed experts;
-measured 9.5e-7 (default kernels) and 1.4e-6 (avx2).
+ulp at losses ~8), one process. Under TP 2 (``tp2_etp2_compile``; and TP 2 x EP 2 with ETP 1,
+``tp2_ep2_etp1_compile``: the all-to-alls of EP and the sequence-local MoE region) the same
+argument holds with the TP case's reordered sums added: MLA is compiled inside its local TP
+region (the region's collectives and parameter swap stay eager), the MoE region around its
+routed experts; measured 9.5e-7 (default kernels) and 1.4e-6 (avx2), and 1.4e-6 for
+``tp2_ep2_etp1_compile`` (default kernels).
 
 Context parallelism (CP 2, case ``cp2``; CP 2 x FSDP 2 with EP 2 borrowing both,
 ``cp2_ep2``) runs MLA as ring attention over head-tail chunks: each rank rotates its tokens by
@@ -133,7 +135,7 @@ FOUR = {
 }
 ETP1 = ["tp2_ep2_etp1", "fsdp2_tp2_ep2_etp1"]
 RESUMED = ["ep2_from_one", "one_from_ep2"]
-COMPILED_TWO = ["ep2_compile", "tp2_etp2_compile"]  # TWO's layouts with per-block compile
+COMPILED_TWO = ["tp2_ep2_etp1_compile", "tp2_etp2_compile"]  # per-block compile under TP
 AUX = ["ep2_aux", "tp2_aux", "cp2_aux", "tp2_ep2_etp1_aux"]  # against reference_aux
 MXFP8 = ["--float8.moe_grouped_mm", "mxfp8", "--float8.emulate", "true"]
 """Routed experts in torchao's emulated MXFP8 (components/moe_low_precision.py)."""
@@ -175,7 +177,7 @@ def runs(corpus, tmp_path_factory):
                      "compile": [*MOE, "--training.local_batch_size", "4", *compiled]},
                  root / "one", corpus, worker=WORKER)
     copy_checkpoint(root / "one" / "reference", root / "two" / "ep2_from_one")
-    two = launch(2, {**TWO, "ep2_compile": ep(2, *compiled),
+    two = launch(2, {**TWO, "tp2_ep2_etp1_compile": [*TWO["tp2_ep2_etp1"], *compiled],
                      "tp2_etp2_compile": [*MOE, *TP2_ETP2, *compiled], **MXFP8_TWO},
                  root / "two", corpus, worker=WORKER)
     four = launch(4, FOUR, root / "four", corpus, worker=WORKER)

@@ -30,6 +30,10 @@ class TokenLoad(nn.Module):
     output over them (distributed/local_tp.py), so that every layout records one process's
     load. The dispatch to the experts keeps the rank's own counts."""
 
+    stays_eager = True
+    """Per-block compile leaves it out (distributed/compile.py): nothing to fuse, and its output
+    may be summed by a collective in a hook."""
+
     def forward(self, counts: torch.Tensor) -> torch.Tensor:
         return counts
 
