@@ -93,7 +93,7 @@ class StepHooks:
     _metrics: dict[str, _Metric] = field(default_factory=dict)
     _loss_copies: int = 1
     _sequence_meshes: tuple[DeviceMesh, ...] = ()
-    _unlogged_meshes: tuple[DeviceMesh, ...] = ()
+    _unreduced_meshes: tuple[DeviceMesh, ...] = ()
 
     def begin_step(self, global_tokens: torch.Tensor) -> None:
         """Start a step whose loss is normalised by ``global_tokens``; forget the last step."""
@@ -138,9 +138,7 @@ class StepHooks:
             return carrier
         scale = (self._scale / self._loss_copies).to(term_sum.dtype)
         if self._records():
-            value = term_sum.detach().double() * self._scale
-            for mesh in self._unlogged_meshes:  # shares of a sequence-local TP region
-                value = funcol.all_reduce(value, "sum", mesh)
+            value = self.sum_unreduced_splits(term_sum.detach().double() * self._scale)
             self._aux[name] = self._aux[name] + value if name in self._aux else value
         if not term_sum.requires_grad:
             return carrier
@@ -164,23 +162,24 @@ class StepHooks:
         """
         self._loss_copies = copies
 
-    def split_sequences(self, mesh: DeviceMesh, logs_reduced: bool = True) -> None:
+    def split_sequences(self, mesh: DeviceMesh, reduced: bool = True) -> None:
         """Every sequence of a microbatch is (further) split over ``mesh``'s ranks: context
         parallelism for the whole job, a sequence-local tensor-parallel region
         (distributed/local_tp.py) while it runs. Statistics of whole sequences then need
-        ``sequence_sum``. ``logs_reduced``: ``reduce`` sums the logged values over ``mesh``
-        (CP: it is part of dp_cp); if not (TP), ``add_loss`` sums each logged term over it."""
+        ``sequence_sum``. ``reduced``: the step's values are summed over ``mesh`` downstream
+        (CP: part of dp_cp, over which ``reduce`` and the balancing bias sum); if not (TP), a
+        rank's share of a recorded value needs ``sum_unreduced_splits``."""
         if mesh.size() > 1:
             self._sequence_meshes += (mesh,)
-            if not logs_reduced:
-                self._unlogged_meshes += (mesh,)
+            if not reduced:
+                self._unreduced_meshes += (mesh,)
 
     def unsplit_sequences(self, mesh: DeviceMesh) -> None:
         """Undo the last ``split_sequences(mesh, ...)`` (a sequence-local region's exit)."""
         if mesh.size() > 1:
             assert self._sequence_meshes[-1] is mesh, "unbalanced split_sequences"
             self._sequence_meshes = self._sequence_meshes[:-1]
-            self._unlogged_meshes = tuple(m for m in self._unlogged_meshes if m is not mesh)
+            self._unreduced_meshes = tuple(m for m in self._unreduced_meshes if m is not mesh)
 
     @property
     def sequence_shards(self) -> int:
@@ -196,6 +195,14 @@ class StepHooks:
         value = value.detach()
         for mesh in self._sequence_meshes:
             value = funcol.all_reduce(value, "sum", mesh)
+        return value
+
+    def sum_unreduced_splits(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` (no gradient) summed over the splits that nothing downstream sums (the TP
+        ranks of a sequence-local region): a rank's share of a logged loss term or of a MoE
+        layer's token counts becomes the share of all the tokens its dp/cp rank stands for."""
+        for mesh in self._unreduced_meshes:
+            value = funcol.all_reduce(value.detach(), "sum", mesh)
         return value
 
     def record_metric(self, name: str, value: torch.Tensor, reduce: str = "sum",

@@ -79,13 +79,12 @@ def _holds_eager_part(module: nn.Module, experts: Collection[nn.Module]) -> bool
 
 def _compile_around(module: nn.Module, experts: Collection[nn.Module]) -> None:
     """Compile each child of ``module`` (whose own forward stays eager) that is not one of
-    ``experts`` nor declares ``stays_eager`` (a MoE layer's token-count seam): a local TP
-    region without experts inside its hooks, others whole if they hold no eager part, else
-    around it in turn. A torch.nn layer (an RMSNorm: one ATen op,
+    ``experts``: a local TP region without experts inside its hooks, others whole if they
+    hold no eager part, else around it in turn. A torch.nn layer (an RMSNorm: one ATen op,
     nothing to fuse) stays eager: dynamo does not start a frame inside torch's own files,
     and ``fullgraph`` would refuse the empty result."""
     for child in module.children():
-        if child in experts or getattr(child, "stays_eager", False):
+        if child in experts:
             continue
         if is_local_tp_region(child) and not _holds_experts(child, experts):
             child.forward = torch.compile(child.forward, fullgraph=True)

@@ -51,7 +51,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import (
@@ -174,7 +173,7 @@ def _split_sequences(module: nn.Module, mesh: DeviceMesh, split: bool) -> None:
     hooks = {id(h): h for sub in module.modules() if (h := vars(sub).get("step_hooks"))}
     for each in hooks.values():  # one trainer's hooks, however many modules hold them
         if split:
-            each.split_sequences(mesh, logs_reduced=False)  # logs reduce over dp/cp/pp
+            each.split_sequences(mesh, reduced=False)  # downstream sums cover dp/cp/pp
         else:
             each.unsplit_sequences(mesh)
 
@@ -196,22 +195,6 @@ experts' SwiGLU the same way; the router's gate is replicated (every rank routes
 identically, so the token sort and the load counts equal one process's)."""
 
 
-class SummedOverTP(ParallelStyle):
-    """The module's output, an integer count of this rank's tokens (a MoE layer's
-    ``TokenLoad``), summed over the TP ranks: in a sequence-local region each counts its own
-    shard, and the sum is what one process counts over the group's tokens. Not
-    differentiable: a plain all-reduce of a copy (the rank's own counts stay as they are)."""
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        def summed(_module: nn.Module, _args: tuple, counts: torch.Tensor) -> torch.Tensor:
-            total = counts.clone()
-            dist.all_reduce(total, group=device_mesh.get_group())
-            return total
-
-        module.register_forward_hook(summed)
-        return module
-
-
 def moe_tp_plan(block: nn.Module, name: str = "moe", expert_parallel: bool = False,
                 experts_over_tp: bool = True) -> dict[str, ParallelStyle]:
     """TP plan entry for the MoE layer ``block.<name>`` (experts split as ``MOE_SHARDED``).
@@ -220,14 +203,13 @@ def moe_tp_plan(block: nn.Module, name: str = "moe", expert_parallel: bool = Fal
     region, each TP rank its hidden slice.
 
     ``experts_over_tp=False`` (ETP = 1, EP borrowing the TP ranks): a sequence-local region
-    (module docstring), every parameter but the routed experts replicated, and the layer's
-    ``TokenLoad`` summed over TP (``SummedOverTP``), so the balancing bias and the load metrics
-    count the TP group's tokens, as one process does."""
+    (module docstring), every parameter but the routed experts replicated; its step hooks sum
+    the layer's token counts over TP (``StepHooks.sum_unreduced_splits``), so the balancing
+    bias and the load metrics count the TP group's tokens, as one process does."""
     moe = block.get_submodule(name)
     elsewhere = ("experts",) if expert_parallel else ()
     if not experts_over_tp:
-        return {name: LocalTensorParallel({}, elsewhere, gather_sequence=False),
-                f"{name}.load": SummedOverTP()}
+        return {name: LocalTensorParallel({}, elsewhere, gather_sequence=False)}
     present = {p for p, _ in moe.named_parameters()
                if not (expert_parallel and p.startswith("experts."))}
     return {name: LocalTensorParallel({p: d for p, d in MOE_SHARDED.items() if p in present},

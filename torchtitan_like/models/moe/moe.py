@@ -3,10 +3,9 @@ the shared experts. Dropless: every token reaches all of its top-k experts.
 
 Load balancing lives here as state, not as parallelism: ``expert_bias`` (persistent, saved in
 checkpoints) steers the choice of experts and is updated after each optimizer step by
-balancing.py from ``tokens_per_expert``, which this layer counts in forward (through
-``TokenLoad``, the seam where a parallel plan completes the counts of ranks that route parts of
-one group's tokens). The sequence-wise
-auxiliary loss reaches the training loss through the step hooks (``step_hooks.add_loss``)."""
+balancing.py from ``tokens_per_expert``, which this layer counts in forward (completed by
+the step hooks where ranks route parts of one group's tokens). The sequence-wise auxiliary
+loss reaches the training loss through the step hooks (``step_hooks.add_loss``)."""
 
 from __future__ import annotations
 
@@ -20,22 +19,6 @@ from torchtitan_like.models.llama3.model import FeedForward
 from torchtitan_like.models.moe.args import MoEArgs
 from torchtitan_like.models.moe.experts import GroupedExperts
 from torchtitan_like.models.moe.router import TokenChoiceTopKRouter
-
-
-class TokenLoad(nn.Module):
-    """The per-expert token counts a MoE layer records as its load (the balancing bias, the
-    load metrics): the counts of the tokens it routed, unchanged here. Where the ranks of a
-    group each route only part of the tokens that one set of counts stands for (tensor-parallel
-    ranks routing their own sequence shards, ETP = 1), the parallel plan sums this module's
-    output over them (distributed/local_tp.py), so that every layout records one process's
-    load. The dispatch to the experts keeps the rank's own counts."""
-
-    stays_eager = True
-    """Per-block compile leaves it out (distributed/compile.py): nothing to fuse, and its output
-    may be summed by a collective in a hook."""
-
-    def forward(self, counts: torch.Tensor) -> torch.Tensor:
-        return counts
 
 
 class MoE(nn.Module):
@@ -57,7 +40,6 @@ class MoE(nn.Module):
             self.register_buffer("expert_bias", torch.zeros(args.num_experts), persistent=True)
         self.register_buffer("tokens_per_expert", torch.zeros(args.num_experts),
                              persistent=False)
-        self.load = TokenLoad()
         self.step_hooks = None  # set by attach_step_hooks (components/model_hooks.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -85,22 +67,25 @@ class MoE(nn.Module):
         return out.view(bs, seq_len, dim)
 
     def _count_tokens(self, counts: torch.Tensor) -> None:
-        """Accumulate the load (``TokenLoad`` of ``counts``) for the bias update, and record
-        it as a metric, in the forwards of real training microbatches only: with step hooks
-        attached, exactly the forwards they record (not a pipeline's metadata-inference
-        forward on uninitialised tensors); without, training-mode forwards with autograd on.
-        Never while activation checkpointing recomputes a forward inside backward, which would
-        count every token twice."""
+        """Accumulate the load for the bias update, and record it as a metric, in the
+        forwards of real training microbatches only: with step hooks attached, exactly the
+        forwards they record (not a pipeline's metadata-inference forward on uninitialised
+        tensors); without, training-mode forwards with autograd on. Never while activation
+        checkpointing recomputes a forward inside backward, which would count every token
+        twice."""
         if self.step_hooks is not None:
             counted = self.step_hooks.records_now
         else:
             counted = self.training and torch.is_grad_enabled() and not recomputing()
         if not counted:
             return
-        load = self.load(counts)
+        if self.step_hooks is None:
+            self.tokens_per_expert.add_(counts.to(self.tokens_per_expert.dtype))
+            return
+        # ranks routing shards of the same sequences (ETP = 1) each counted their own tokens
+        load = self.step_hooks.sum_unreduced_splits(counts)
         self.tokens_per_expert.add_(load.to(self.tokens_per_expert.dtype))
-        if self.step_hooks is not None:
-            self._record_load(load)
+        self._record_load(load)
 
     def _record_load(self, counts: torch.Tensor) -> None:
         """Per step, this layer's max/mean tokens per expert over the global batch (metrics
