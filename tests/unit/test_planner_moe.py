@@ -1,17 +1,26 @@
 """The planner's mixture-of-experts model (tools/planner/moe.py) against hand-computed cases:
 total vs active parameters, GEMM time from the active ones, expert memory over EP, the EP
 all-to-all volume and its link, its exposure, EP in the search (varied, and kept when pinned),
-EP's start-up rules, and the seed example: DeepSeek-V3 671B's pre-training cost."""
+EP's start-up rules, the seed example (DeepSeek-V3 671B's pre-training cost), and the
+activations of Qwen3's and DeepSeek's attention (tools/planner/attention.py) and of an MoE
+block under op-level checkpointing, checked against what autograd saves on this CPU."""
 
 import dataclasses
 import json
 
 import pytest
+import torch
 
-from torchtitan_like.models.deepseek_v3.args import deepseek_v3_flavors
-from torchtitan_like.models.qwen3.args import qwen3_flavors
+from torchtitan_like.models.deepseek_v3.args import DeepSeekV3Args, deepseek_v3_flavors
+from torchtitan_like.models.deepseek_v3.model import MultiHeadLatentAttention
+from torchtitan_like.models.deepseek_v3.model import rope_cache as deepseek_rope_cache
+from torchtitan_like.models.llama3.model import rope_cache as llama_rope_cache
+from torchtitan_like.models.moe import MoEArgs
+from torchtitan_like.models.qwen3.args import Qwen3Args, qwen3_flavors
+from torchtitan_like.models.qwen3.model import Qwen3Attention
 from torchtitan_like.tools import plan_cli
 from torchtitan_like.tools.planner import (
+    CPU,
     GPUS,
     Cluster,
     Comm,
@@ -21,10 +30,12 @@ from torchtitan_like.tools.planner import (
     Workload,
     communication,
     estimate_step_time,
+    layer_elements,
     plan,
     search,
 )
 from torchtitan_like.tools.planner import step_time as st
+from torchtitan_like.tools.planner.attention import attention_elements, kernel_bytes, math_attention
 from torchtitan_like.tools.planner.moe import expert_split
 
 V3 = ModelShape.from_args(deepseek_v3_flavors["671B"])
@@ -161,3 +172,96 @@ def test_seed_example_deepseek_v3_pre_training_cost():
     assert plan(V3, cluster, work, runs).fits
     more = plan(V3, cluster, work, dataclasses.replace(runs, ep=32)).memory
     assert more.total > plan(V3, cluster, work, runs).memory.total
+
+
+# Attention activations per family (tools/planner/attention.py), hand-computed on small shapes.
+SMALL_QWEN3 = Qwen3Args(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+                        hidden_dim=128, vocab_size=256)
+SMALL_MLA = DeepSeekV3Args(
+    dim=64, n_layers=2, n_dense_layers=0, n_heads=2, vocab_size=256, inter_dim=128,
+    moe_inter_dim=32, moe=MoEArgs(num_experts=4, top_k=2, num_shared_experts=1),
+    q_lora_rank=16, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=8,
+    rope_scaling=None)
+
+
+def test_qwen3_counts_its_per_head_q_and_k_norms():
+    """h 64, q = 4 x 16 = 64, kv = 2 x 16 = 32, f 128. Without AC: two norms (input, output;
+    + the normalised tensor on CPU), q/k/v/out 4q, the q/k norms' inputs (+ normalised on
+    CPU) q + kv, SwiGLU 4f; under op SAC the norms are recomputed: Llama's count."""
+    m = ModelShape.from_args(SMALL_QWEN3)
+    assert m.qk_norm and m.latent is None
+    assert attention_elements(m, "none", 1, fused_norm=True) == 4 * 64 + (64 + 32)
+    assert attention_elements(m, "none", 1, fused_norm=False) == 4 * 64 + 2 * (64 + 32)
+    assert attention_elements(m, "none", 2, fused_norm=True) == (4 * 64 + 64 + 32) / 2
+    assert layer_elements(m, "none", 1, fused_norm=True) == 2 * (64 + 64) + 352 + 4 * 128
+    assert layer_elements(m, "none", 1, fused_norm=False) == 2 * (128 + 64) + 448 + 4 * 128
+    assert layer_elements(m, "op", 1, fused_norm=False) == 64 + (64 + 64) + 64 + 128 + 256
+    plain = dataclasses.replace(m, qk_norm=False)  # Llama's block of the same shape
+    assert layer_elements(m, "none", 1, True) - layer_elements(plain, "none", 1, True) == 96
+    assert layer_elements(m, "op", 1, True) == layer_elements(plain, "op", 1, True)
+
+
+def test_latent_attention_counts_its_latents_and_value_heads():
+    """r_q 16, r_kv 32, RoPE 8, nope 16 (d_qk 24), d_v 8, 2 heads. Fused (GPU): latents
+    (2 + c)(r_q + r_kv) + r_rope = 104, kernel h (2 d_qk + (d_nope + d_v) + d_v) = 160; CPU
+    (c = 1, math path: d_v != d_qk): 152 + h (2 d_qk + 2 d_v) = 128, and the probabilities
+    h x seq fp32 beside; op SAC: r_q + r_kv + r_rope + h (d_qk + d_nope + d_v + d_v) = 168."""
+    m = ModelShape.from_args(SMALL_MLA)
+    assert math_attention(m, CPU) and not math_attention(m, GPUS["H100"])
+    assert attention_elements(m, "none", 1, fused_norm=True) == 104 + 160
+    assert attention_elements(m, "none", 2, fused_norm=True) == 104 + 160 / 2
+    assert attention_elements(m, "none", 1, fused_norm=False, math=True) == 152 + 128
+    assert attention_elements(m, "op", 1, fused_norm=True) == 56 + 112
+    assert kernel_bytes(m, 512, 1) == 4 * 2 and kernel_bytes(m, 512, 1, math=True) == 4 * 2 * 512
+    # The block (MoE, 1 shared expert, f = 3 x 32): norms 2 x 2h, SwiGLU 4f, routed 2 top_k h;
+    # op SAC keeps wo's and the shared expert's w2 output (2h) and its w1/w3 outputs only.
+    assert layer_elements(m, "none", 1, fused_norm=True) == 256 + 264 + 384 + 256
+    assert layer_elements(m, "op", 1, fused_norm=True) == 64 + 168 + 128 + 2 * 32
+
+
+def test_moe_without_shared_experts_keeps_no_expert_tensors_under_op_sac():
+    """Qwen3-MoE under op SAC: the routed experts' grouped GEMMs are recomputed and the
+    block's output is the combine (no w2 output kept): block input, attention, wo output."""
+    m = ModelShape.from_args(qwen3_flavors["debugmodel_moe"])
+    assert layer_elements(m, "op", 1, fused_norm=True) == 128 + (256 + 2 * 128 + 256) + 128
+
+
+def _saved_elements_per_token(module, x, rope) -> float:
+    """Elements (fp32) per token of the tensors autograd saves in ``module``'s forward,
+    parameters and buffers aside, each storage once (a view keeps its whole storage)."""
+    own = {t.untyped_storage().data_ptr() for t in [*module.parameters(), *module.buffers(), rope]}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in own:
+            saved[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(x, rope)
+    return sum(saved.values()) / 4 / (x.shape[0] * x.shape[1])
+
+
+@pytest.mark.parametrize("family", ["qwen3", "deepseek_v3", "deepseek_v3 q_lora"])
+def test_attention_count_is_what_autograd_saves_on_cpu(family):
+    """The debug flavors' attention on this CPU (fp32, composite RMSNorm; MLA's math path):
+    autograd saves the attention's input (counted with the norms), the planner's count, the
+    kernel's logsumexp or probabilities, and one fp32 rstd per normalised row."""
+    seq = 8
+    if family == "qwen3":
+        args = qwen3_flavors["debugmodel"]
+        module = Qwen3Attention(args)
+        rope = llama_rope_cache(args.head_dim, seq, args.rope_theta, None)
+        rstd_rows = args.n_heads + args.n_kv_heads
+    else:
+        args = dataclasses.replace(deepseek_v3_flavors["debugmodel"], max_seq_len=seq,
+                                   q_lora_rank=16 if "q_lora" in family else 0)
+        module, rope = MultiHeadLatentAttention(args), deepseek_rope_cache(args)
+        rstd_rows = 1 + bool(args.q_lora_rank)
+    m = ModelShape.from_args(args)
+    x = torch.randn(2, seq, args.dim, requires_grad=True)
+    math = math_attention(m, CPU)
+    planned = (args.dim + attention_elements(m, "none", 1, fused_norm=False, math=math)
+               + kernel_bytes(m, seq, 1, math) / 4 + rstd_rows)
+    assert _saved_elements_per_token(module, x, rope) == planned

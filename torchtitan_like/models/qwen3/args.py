@@ -49,6 +49,7 @@ class Qwen3Args(BaseModelArgs):
     moe_hidden_dim: int = 768  # one expert's SwiGLU width
 
     rope_scaling = None  # no frequency scaling (read by the llama skeleton's RoPE table)
+    qk_norm = True  # per-head q/k RMSNorm before RoPE (read by the planner's activation count)
 
     @property
     def kv_heads(self) -> int:

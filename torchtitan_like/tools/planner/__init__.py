@@ -10,6 +10,7 @@ nothing is allocated.
                       (distributed/layout_rules.py) plus the cluster's
     schedule.py       pipeline stages, placement, schedule order, in-flight microbatches, bubble
     activations.py    activation bytes per block (Korthikanti et al., 2022, applied to Llama)
+    attention.py      what each attention family keeps (Qwen3's q/k norms, DeepSeek's MLA)
     memory.py         the peak per pipeline rank, walked through its schedule
     communication.py  bytes per step per parallel dimension, and the link each uses
     step_time.py      the step time in named parts, tokens/s per GPU and MFU

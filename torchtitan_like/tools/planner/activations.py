@@ -12,7 +12,9 @@ Llama's RMSNorm / grouped-query attention / SwiGLU block keeps
                             matmuls, which sequence parallelism all-gathers to full length
     4 q/t                   q, k, v (k and v repeated to every query head) and the attention
                             output; a flash/memory-efficient kernel keeps no s x s scores, so
-                            Korthikanti's 5as/h term is absent (it *is* their selective case)
+                            Korthikanti's 5as/h term is absent (it *is* their selective case);
+                            other families' attention (Qwen3's q/k norms, DeepSeek's latent
+                            attention) keeps what attention.py counts
     4 f/t                   SwiGLU's w1 and w3 outputs, silu(w1 x) and the product
 
 elements per token (h = dim, q = heads x head_dim, f = FFN width, t = TP degree), times the
@@ -24,13 +26,14 @@ every-N checkpoints every N-th block of each pipeline stage.
 An MoE block (tools/planner/moe.py) keeps the same tensors with f the width of the experts one
 token runs (top_k routed + shared), plus 2 top_k h/t: the token copies the dispatch builds
 (sorted by expert, kept for the experts' weight gradients) and the k expert outputs kept for
-the weighted combine, over the share of blocks that are MoE blocks. Measured (scripts/
-validate_plan_memory.py --moe): 14-21% low without AC, from what is not counted: Qwen3's
-per-head q/k norms and the latent tensors of DeepSeek's multi-head latent attention.
+the weighted combine, over the share of blocks that are MoE blocks; under op-level
+checkpointing only its shared experts' matmul outputs (``op_feed_forward_elements``). Measured
+(scripts/validate_plan_memory.py --moe, docs/planner-throughput.md): within 3.4%.
 """
 
 from __future__ import annotations
 
+from torchtitan_like.tools.planner.attention import attention_elements
 from torchtitan_like.tools.planner.inputs import ModelShape
 
 
@@ -57,19 +60,37 @@ def routed_elements(m: ModelShape, tp: int) -> float:
     return 2 * m.top_k * m.dim / tp * m.moe_share
 
 
-def layer_elements(m: ModelShape, ac: str, tp: int, fused_norm: bool) -> float:
+def op_feed_forward_elements(m: ModelShape, tp: int) -> float:
+    """An average block's feed-forward matmul outputs per token on one TP rank that op-level
+    checkpointing keeps, beside the w2 outputs ``layer_elements`` counts with wo's: a dense
+    block's w1 and w3 outputs; an MoE block's only for its shared experts, since the routed
+    experts' grouped GEMMs are not among the saved ops (distributed/activation_checkpoint.py)
+    and are recomputed with the dispatched copies; without shared experts an MoE block's
+    output is the combine, not a matmul, so its w2 output is not kept either. (The router's
+    logits, num_experts fp32 per token, are not counted.)"""
+    dense = 2 * m.ffn_hidden_dim / tp
+    if not m.is_moe:
+        return dense
+    shared = 2 * m.shared_experts * m.expert_dim / tp if m.shared_experts else -m.dim
+    return dense * (1 - m.moe_share) + shared * m.moe_share
+
+
+def layer_elements(m: ModelShape, ac: str, tp: int, fused_norm: bool,
+                   math_attention: bool = False) -> float:
     """Activation elements one block keeps per token of its input (see the module docstring);
     under op-level checkpointing: the block input, every matmul, attention and collective
-    output. The attention's logsumexp (n_heads fp32 per token) is added by the caller."""
-    h, q, kv, f, t = m.dim, m.q_dim, m.kv_heads * m.head_dim, m.ffn_hidden_dim, tp
+    output. The attention's part is its family's (attention.py; ``math_attention``: SDPA's
+    math path); what its kernel keeps beside (logsumexp or probabilities) is added by the
+    caller (``attention.kernel_bytes``)."""
+    h, f, t = m.dim, m.ffn_hidden_dim, tp
     if ac == "full" or ac.isdigit():  # the checkpointed block keeps its input
         return h / t
-    routed = routed_elements(m, t)
     if ac == "op":
         gathered = 2 * h if t > 1 else 0  # all-gather outputs (SP) are saved collectives
         partial_sums = 2 * h if t > 1 else 0  # wo/w2 outputs before their reduce-scatter
         reduced = 2 * h / t  # wo/w2 outputs after it (plain matmul outputs without TP)
-        return (h / t + gathered + (q + 2 * kv) / t + q / t + partial_sums + reduced
-                + 2 * f / t + routed)
+        return (h / t + gathered + attention_elements(m, "op", t, fused_norm) + partial_sums
+                + reduced + op_feed_forward_elements(m, t))
     norm = (1 if fused_norm else 2) * h / t + h
-    return 2 * norm + 4 * q / t + 4 * f / t + routed
+    return (2 * norm + attention_elements(m, "none", t, fused_norm, math_attention)
+            + 4 * f / t + routed_elements(m, t))

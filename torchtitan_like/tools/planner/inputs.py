@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Literal
 
 from torchtitan_like.components.metrics import GPU_PEAK_TFLOPS
 from torchtitan_like.distributed.fsdp import reshard_after_forward
+from torchtitan_like.tools.planner.attention import LatentAttention, latent_attention
 from torchtitan_like.tools.planner.moe import attention_fields, moe_fields
 
 if TYPE_CHECKING:
@@ -44,6 +45,10 @@ class GPU:
     fused_rms_norm: bool = True
     """RMSNorm is one kernel keeping only its input (CUDA, ROCm); the composite CPU version
     also keeps the normalised tensor."""
+    fused_attention_any_v_dim: bool = True
+    """SDPA's fused kernels take a value head size unlike the query/key one (CUDA's
+    memory-efficient kernel); torch's CPU flash kernel does not, so MLA runs the math path
+    there (tools/planner/attention.py)."""
 
 
 # Peaks: vendor datasheets (dense, no sparsity). gemm_efficiency: the "Maximum Achievable
@@ -70,7 +75,7 @@ GPUS: dict[str, GPU] = {
 }
 
 CPU = GPU("CPU", memory_gib=1024.0, peak_tflops=1.0, intra_node_gbps=1.0, inter_node_gbps=1.0,
-          fused_rms_norm=False)
+          fused_rms_norm=False, fused_attention_any_v_dim=False)
 """This machine, for checking the memory model against measurement (scripts/
 validate_plan_memory.py); only its memory model means anything."""
 
@@ -239,6 +244,11 @@ class ModelShape:
     """Experts every token runs beside its routed ones."""
     active_params: int = 0
     """Parameters one token's computation multiplies (0: all of them, a dense model)."""
+    qk_norm: bool = False
+    """Queries and keys are RMS-normalised per head before RoPE (Qwen3)."""
+    latent: LatentAttention | None = None
+    """Multi-head latent attention's sizes (DeepSeek); None: plain heads
+    (tools/planner/attention.py)."""
 
     @classmethod
     def from_args(cls, args: BaseModelArgs) -> ModelShape:
@@ -251,7 +261,8 @@ class ModelShape:
                              "needs a Llama-like decoder's shapes (see ModelShape)")
         shapes = {n: fields.get(n, int(getattr(args, n, 0))) for n in needed}
         return cls(**shapes, tie_word_embeddings=bool(getattr(args, "tie_word_embeddings", False)),
-                   num_params=args.num_params(), args=args, **moe_fields(args))
+                   num_params=args.num_params(), args=args, **moe_fields(args),
+                   qk_norm=bool(getattr(args, "qk_norm", False)), latent=latent_attention(args))
 
     @property
     def q_dim(self) -> int:

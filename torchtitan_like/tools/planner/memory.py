@@ -46,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 
 from torchtitan_like.tools.planner.activations import layer_elements
+from torchtitan_like.tools.planner.attention import kernel_bytes, math_attention
 from torchtitan_like.tools.planner.inputs import GPU, Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.moe import expert_split
 from torchtitan_like.tools.planner.schedule import (
@@ -152,14 +153,15 @@ def _activations(m: ModelShape, gpu: GPU, work: Workload, layout: Layout) -> _Ac
     backward (PipelineStage's forward cache)."""
     t, cb, fused = layout.tp, work.precision.compute_bytes, gpu.fused_rms_norm
     tokens = layout.local_batch_size * work.seq_len / layout.cp
-    lse = 4 * m.n_heads / t  # the attention's fp32 logsumexp per token
+    math = math_attention(m, gpu)
+    kernel = kernel_bytes(m, work.seq_len, t, math)  # logsumexp, or the math path's softmax
     pipelined = layout.pp > 1
     vocab = m.vocab_size / t
     norm = ((1 if fused else 2) * m.dim / t + m.dim) * cb
     return _Activations(
-        full_layer=(layer_elements(m, "none", t, fused) * cb + lse) * tokens,
+        full_layer=(layer_elements(m, "none", t, fused, math) * cb + kernel) * tokens,
         kept_ckpt=layer_elements(m, layout.ac, t, fused) * cb * tokens,
-        kept_op=(layer_elements(m, "op", t, fused) * cb + lse) * tokens,
+        kept_op=(layer_elements(m, "op", t, fused) * cb + kernel) * tokens,
         working=(2 * m.dim + m.ffn_hidden_dim) / t * cb * tokens,
         head_kept=(norm + 4 * vocab + (cb * vocab if pipelined else 0)) * tokens,
         loss_grads=(12 if t > 1 and layout.loss_parallel else 8) * vocab * tokens,

@@ -4,8 +4,8 @@ Shapes: any registered model whose args carry ``moe`` (``MoEArgs``: routed exper
 shared experts) and an expert width (``moe_inter_dim``, DeepSeek-V2/V3; ``moe_hidden_dim``,
 Qwen3-MoE). The MoE blocks are the last ``n_layers - n_dense_layers`` (DeepSeek's first blocks
 are dense; Qwen3-MoE has none). Multi-head latent attention (DeepSeek) is read as full
-multi-head attention over the query/key head size (its K and V are expanded per head before the
-attention kernel, which is what the activations keep).
+multi-head attention over the query/key head size for its FLOPs and TP rules; its activations
+are counted as what it keeps (attention.py).
 
 Parameters: the *total* count (``num_params``: every expert) is what memory holds; the *active*
 count (``num_active_params``: top_k routed experts per token, no embedding lookup) is what one
@@ -63,7 +63,8 @@ def moe_fields(args: Any) -> dict[str, int]:
 
 def attention_fields(args: Any) -> dict[str, int]:
     """head_dim / kv_heads / ffn_hidden_dim of models that name them otherwise: multi-head
-    latent attention (kv_lora_rank) is read as ``n_heads`` heads of the query/key head size;
+    latent attention (kv_lora_rank) is read as ``n_heads`` heads of the query/key head size
+    (its activations from ``ModelShape.latent``, attention.py);
     an MoE block's feed-forward width is that of the experts one token runs (top_k routed plus
     the shared ones), its dense blocks' ``inter_dim`` where it has no other."""
     fields: dict[str, int] = {}
