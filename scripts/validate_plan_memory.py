@@ -70,9 +70,11 @@ CASES: dict[str, tuple[int, list[str]]] = {
 }
 MOE_CASES: dict[str, tuple[int, list[str]]] = {
     "MoE qwen3 1 proc": (1, QWEN3_MOE),
+    "MoE qwen3 1 proc, AC op": (1, [*QWEN3_MOE, *SELECTIVE, "op"]),
     "MoE qwen3 FSDP 2 x EP 2": (2, [*QWEN3_MOE, *EP_2]),
     "MoE qwen3 FSDP 2 x EP 2, AC full": (2, [*QWEN3_MOE, *EP_2, *FULL]),
     "MoE deepseek_v3 1 proc": (1, DEEPSEEK),
+    "MoE deepseek_v3 1 proc, AC op": (1, [*DEEPSEEK, *SELECTIVE, "op"]),
     "MoE deepseek_v3 FSDP 2 x EP 2": (2, [*DEEPSEEK, *EP_2]),
 }
 
