@@ -36,7 +36,7 @@ from torchtitan_like.tools.planner import (
 )
 from torchtitan_like.tools.planner import step_time as st
 from torchtitan_like.tools.planner.attention import attention_elements, kernel_bytes, math_attention
-from torchtitan_like.tools.planner.moe import expert_split
+from torchtitan_like.tools.planner.moe import expert_split, routed_forward_share
 
 V3 = ModelShape.from_args(deepseek_v3_flavors["671B"])
 QWEN = ModelShape.from_args(qwen3_flavors["30B-A3B"])
@@ -265,3 +265,16 @@ def test_attention_count_is_what_autograd_saves_on_cpu(family):
     planned = (args.dim + attention_elements(m, "none", 1, fused_norm=False, math=math)
                + kernel_bytes(m, seq, 1, math) / 4 + rstd_rows)
     assert _saved_elements_per_token(module, x, rope) == planned
+
+
+def test_op_sac_recomputes_the_routed_experts(monkeypatch):
+    """Op-level SAC keeps no routed-expert tensor, so backward reruns their grouped GEMMs: one
+    forward, 2 x 58 MoE layers x top-8 x 3 x 7168 x 2048 FLOPs per token, a share of the
+    6 FLOPs per active weight the GEMM time is made of."""
+    monkeypatch.setattr(st, "MEMORY_BOUND_PASSES", {"eager": 0.0, "compiled": 0.0})
+    share = 2 * 58 * 8 * 3 * 7168 * 2048 / (6 * V3.active_params)
+    assert routed_forward_share(V3) == pytest.approx(share)
+    assert routed_forward_share(ModelShape.from_args(SMALL_QWEN3)) == 0.0
+    work, cluster = Workload(seq_len=4096, global_batch=8), Cluster(H100, 1)
+    gemm, _, _, recompute = st.compute_times(V3, cluster, work, Layout(dp_shard=8, ac="op"))
+    assert recompute == pytest.approx(gemm * share)

@@ -78,6 +78,15 @@ def attention_fields(args: Any) -> dict[str, int]:
     return fields
 
 
+def routed_forward_share(m: Any) -> float:
+    """Share of the weight-GEMM FLOPs per token (6 per active weight) that is one forward of
+    the routed experts a token runs (2 per weight, top_k x 3 x dim x width per MoE layer): what
+    op-level selective checkpointing recomputes in backward, since the experts' grouped GEMMs
+    are not among its saved ops (distributed/activation_checkpoint.py)."""
+    routed = m.moe_layers * m.top_k * 3 * m.dim * m.expert_dim
+    return 2 * routed / m.flops_per_token(0) if routed else 0.0
+
+
 def expert_tensor_parallel(tp: int, ep: int) -> int:
     """The ETP the planner plans: 1 under expert parallelism (EP borrows the TP ranks, each
     dispatching its own sequence shard), ``tp`` without it (experts split like the dense

@@ -69,7 +69,7 @@ def _tt(name: str, nodes: int, global_batch: int, layout: Layout, tps: float, me
 DEEPSEEK_V3_TOKENS = 14.8e12
 DEEPSEEK_V3_GPU_HOURS = 2.664e6
 """Pre-training: 14.8T tokens in 2.664M H800 GPU-hours (DeepSeek-V3 report, Table 1)."""
-_DEEPSEEK_MISS = ("predicted 0.57x the published rate: DualPipe hides each microbatch's "
+_DEEPSEEK_MISS = ("predicted 0.56x the published rate: DualPipe hides each microbatch's "
                   "all-to-all behind another's compute and node-limited routing deduplicates "
                   "the copies sent to a node; this platform's schedules (torch runs "
                   "DualPipeV's overlapped forward and backward one after the other) leave the "

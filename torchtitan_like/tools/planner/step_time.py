@@ -11,8 +11,9 @@
     memory_bound  the blocks' element-wise kernels: MEMORY_BOUND_PASSES x the bytes of the
                 activations they produce, over the HBM bandwidth
     recompute   one more forward of every fully checkpointed block (a third of its share of
-                the two parts above); op-level selective AC recomputes only element-wise ops
-                (counted in the passes)
+                the two parts above); op-level selective AC recomputes element-wise ops
+                (counted in the passes) and an MoE's routed-expert grouped GEMMs, not among
+                its saved ops (one forward of them: moe.routed_forward_share)
     tp          TP/SP all-gathers and reduce-scatters sit on the critical path; async TP
                 hides ASYNC_TP_HIDDEN_SHARE of them behind the matmuls (at most the gemm
                 time), the share TorchTitan's one published async-TP pair implies
@@ -45,6 +46,7 @@ import dataclasses
 from torchtitan_like.tools.planner.activations import layer_elements, routed_elements
 from torchtitan_like.tools.planner.communication import Comm
 from torchtitan_like.tools.planner.inputs import Cluster, Layout, ModelShape, Workload
+from torchtitan_like.tools.planner.moe import routed_forward_share
 from torchtitan_like.tools.planner.schedule import (
     bubble_fraction,
     busiest_rank_layers,
@@ -155,6 +157,8 @@ def compute_times(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
     share = sum(checkpointed(layout.ac, m.n_layers)) / m.n_layers
     block_gemm = gemm * (1 - head_flops / gemm_flops)  # (the head is on one stage: approx.)
     recompute = share * (block_gemm + attention + memory_bound) / 3
+    if layout.ac == "op":  # the routed experts' grouped GEMMs are recomputed (moe.py)
+        recompute += gemm * routed_forward_share(m)
     return gemm, attention, memory_bound, recompute
 
 
