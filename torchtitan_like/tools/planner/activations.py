@@ -57,10 +57,12 @@ def routed_elements(m: ModelShape, tp: int) -> float:
     return 2 * m.top_k * m.dim / tp * m.moe_share
 
 
-def layer_elements(m: ModelShape, ac: str, tp: int, fused_norm: bool) -> float:
+def layer_elements(m: ModelShape, ac: str, tp: int, fused_norm: bool,
+                   every_other_matmul: bool = False) -> float:
     """Activation elements one block keeps per token of its input (see the module docstring);
     under op-level checkpointing: the block input, every matmul, attention and collective
-    output. The attention's logsumexp (n_heads fp32 per token) is added by the caller."""
+    output (``every_other_matmul``: TorchTitan's policy instead, ``alternate_matmul_share``).
+    The attention's logsumexp (n_heads fp32 per token) is added by the caller."""
     h, q, kv, f, t = m.dim, m.q_dim, m.kv_heads * m.head_dim, m.ffn_hidden_dim, tp
     if ac == "full" or ac.isdigit():  # the checkpointed block keeps its input
         return h / t
@@ -69,7 +71,22 @@ def layer_elements(m: ModelShape, ac: str, tp: int, fused_norm: bool) -> float:
         gathered = 2 * h if t > 1 else 0  # all-gather outputs (SP) are saved collectives
         partial_sums = 2 * h if t > 1 else 0  # wo/w2 outputs before their reduce-scatter
         reduced = 2 * h / t  # wo/w2 outputs after it (plain matmul outputs without TP)
-        return (h / t + gathered + (q + 2 * kv) / t + q / t + partial_sums + reduced
+        kept = (h / t + gathered + (q + 2 * kv) / t + q / t + partial_sums + reduced
                 + 2 * f / t + routed)
+        if every_other_matmul:  # wk, wo (its reduce-scatter output stays) and w3 recomputed
+            kept -= kv / t + f / t + (h if t > 1 else h / t)
+        return kept
     norm = (1 if fused_norm else 2) * h / t + h
     return 2 * norm + 4 * q / t + 4 * f / t + routed
+
+
+def alternate_matmul_share(m: ModelShape) -> float:
+    """Share of a block's forward matmul FLOPs that TorchTitan's op-level selective
+    checkpointing recomputes in backward. Its policy (torchtitan ``_custom_policy``, 2024 on)
+    counts a block's ``aten.mm`` calls in forward order and saves every other one: of Llama's
+    wq, wk, wv, wo, w1, w3, w2 it saves wq, wv, w1 and w2 (with the attention and
+    reduce-scatter outputs) and recomputes wk, wo and w3:
+    (kv + q + f) / (2q + 2kv + 3f) of the block's weights (0.365 for Llama 3.1 8B).
+    This platform's op policy saves every matmul output (recomputes none)."""
+    q, kv, f = m.q_dim, m.kv_heads * m.head_dim, m.ffn_hidden_dim
+    return (kv + q + f) / (2 * q + 2 * kv + 3 * f)
