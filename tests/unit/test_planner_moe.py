@@ -118,6 +118,21 @@ def test_all_to_all_is_exposed_and_stretches_the_bubble(monkeypatch):
     assert step.bubble == pytest.approx((base.compute + 0.5) * (3 / 15) / (1 - 3 / 15))
 
 
+def test_an_overlapping_schedule_hides_the_all_to_all_behind_compute(monkeypatch):
+    """``ep_overlapped`` (DeepSeek's DualPipe, a published run's input): the all-to-all costs
+    only what exceeds the compute of the microbatch it overlaps, and the bubble no longer
+    carries it."""
+    monkeypatch.setattr(st, "MEMORY_BOUND_PASSES", {"eager": 0.0, "compiled": 0.0})
+    work, cluster = Workload(seq_len=4096, global_batch=12), Cluster(H100, 4)
+    layout = Layout(pp=4, dp_shard=1, ep_overlapped=True)
+    base = estimate_step_time(QWEN, cluster, work, layout, 12, [])
+    for seconds, exposed in ((0.5, 0.0), (base.compute + 0.25, 0.25)):
+        a2a = Comm("ep", 4, "intra-node", 450, 450e9 * seconds)
+        step = estimate_step_time(QWEN, cluster, work, layout, 12, [a2a])
+        assert step.ep == pytest.approx(exposed)
+        assert step.bubble == pytest.approx((base.compute + exposed) * (3 / 15) / (1 - 3 / 15))
+
+
 def test_ep_rules_are_the_trainers():
     cluster, work = Cluster(H100, 8), Workload(seq_len=4096, global_batch=8)
     with pytest.raises(LayoutError, match="must divide the ranks it borrows"):

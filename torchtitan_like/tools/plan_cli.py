@@ -20,6 +20,7 @@ from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.manager import build_job_config, import_custom_modules
 from torchtitan_like.distributed.utils import DTYPES
 from torchtitan_like.tools.planner import (
+    ALLOCATOR_RESERVE,
     GPUS,
     Cluster,
     GiB,
@@ -234,6 +235,8 @@ def _memory_lines(result: Plan, work: Workload, args: argparse.Namespace) -> lis
             ("optimizer states", mem.optimizer), ("activations", mem.activations))),
         f"  total             {mem.total / GiB:8.2f} GiB  of {result.usable_gib:.1f} GiB usable "
         f"({result.capacity_gib:g} GiB less {args.headroom:.0%} headroom)",
+        f"  reserved by the CUDA caching allocator, estimated: {mem.reserved_estimate / GiB:.1f}"
+        f" GiB (x{ALLOCATOR_RESERVE:g}, calibrated on published runs' max_reserved)",
         f"  bytes per parameter: {names[prec.master_bytes]} weights {prec.master_bytes} + "
         f"gradients {prec.master_bytes} + Adam states {states} = "
         f"{2 * prec.master_bytes + states}, sharded over {lay.tp} (TP) x {lay.pp} (PP) x "

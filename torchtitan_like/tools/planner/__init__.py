@@ -44,7 +44,7 @@ from torchtitan_like.tools.planner.inputs import (
     check_ac,
 )
 from torchtitan_like.tools.planner.layout_plan import Plan, plan, plan_fitting
-from torchtitan_like.tools.planner.memory import Memory, stage_memory
+from torchtitan_like.tools.planner.memory import ALLOCATOR_RESERVE, Memory, stage_memory
 from torchtitan_like.tools.planner.rules import validate_layout
 from torchtitan_like.tools.planner.schedule import (
     bubble_formula,
@@ -58,6 +58,7 @@ from torchtitan_like.tools.planner.search import search, why_better
 from torchtitan_like.tools.planner.step_time import StepTime, estimate_step_time
 
 __all__ = [
+    "ALLOCATOR_RESERVE",
     "CPU",
     "GPU",
     "GPUS",

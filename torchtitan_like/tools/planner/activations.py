@@ -76,21 +76,37 @@ def op_feed_forward_elements(m: ModelShape, tp: int) -> float:
 
 
 def layer_elements(m: ModelShape, ac: str, tp: int, fused_norm: bool,
-                   math_attention: bool = False) -> float:
+                   every_other_matmul: bool = False, math_attention: bool = False) -> float:
     """Activation elements one block keeps per token of its input (see the module docstring);
     under op-level checkpointing: the block input, every matmul, attention and collective
-    output. The attention's part is its family's (attention.py; ``math_attention``: SDPA's
-    math path); what its kernel keeps beside (logsumexp or probabilities) is added by the
-    caller (``attention.kernel_bytes``)."""
-    h, f, t = m.dim, m.ffn_hidden_dim, tp
+    output (``every_other_matmul``: TorchTitan's policy instead, ``alternate_matmul_share``).
+    The attention's part is its family's (attention.py; ``math_attention``: SDPA's math
+    path); what its kernel keeps beside (logsumexp or probabilities) is added by the caller
+    (``attention.kernel_bytes``)."""
+    h, kv, f, t = m.dim, m.kv_heads * m.head_dim, m.ffn_hidden_dim, tp
     if ac == "full" or ac.isdigit():  # the checkpointed block keeps its input
         return h / t
     if ac == "op":
         gathered = 2 * h if t > 1 else 0  # all-gather outputs (SP) are saved collectives
         partial_sums = 2 * h if t > 1 else 0  # wo/w2 outputs before their reduce-scatter
         reduced = 2 * h / t  # wo/w2 outputs after it (plain matmul outputs without TP)
-        return (h / t + gathered + attention_elements(m, "op", t, fused_norm) + partial_sums
+        kept = (h / t + gathered + attention_elements(m, "op", t, fused_norm) + partial_sums
                 + reduced + op_feed_forward_elements(m, t))
+        if every_other_matmul:  # wk, wo (its reduce-scatter output stays) and w3 recomputed
+            kept -= kv / t + f / t + (h if t > 1 else h / t)
+        return kept
     norm = (1 if fused_norm else 2) * h / t + h
     return (2 * norm + attention_elements(m, "none", t, fused_norm, math_attention)
             + 4 * f / t + routed_elements(m, t))
+
+
+def alternate_matmul_share(m: ModelShape) -> float:
+    """Share of a block's forward matmul FLOPs that TorchTitan's op-level selective
+    checkpointing recomputes in backward. Its policy (torchtitan ``_custom_policy``, 2024 on)
+    counts a block's ``aten.mm`` calls in forward order and saves every other one: of Llama's
+    wq, wk, wv, wo, w1, w3, w2 it saves wq, wv, w1 and w2 (with the attention and
+    reduce-scatter outputs) and recomputes wk, wo and w3:
+    (kv + q + f) / (2q + 2kv + 3f) of the block's weights (0.365 for Llama 3.1 8B).
+    This platform's op policy saves every matmul output (recomputes none)."""
+    q, kv, f = m.q_dim, m.kv_heads * m.head_dim, m.ffn_hidden_dim
+    return (kv + q + f) / (2 * q + 2 * kv + 3 * f)

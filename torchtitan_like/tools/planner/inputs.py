@@ -156,6 +156,17 @@ class Layout:
     sending that backward's gradient to the previous stage: torch.distributed.pipelining
     before its REDUCE_GRAD action (pytorch/pytorch#166449, 2025-10), i.e. the runs of 2024.
     This platform's torch sends first (False); step_time.py prices the difference."""
+    op_sac_every_other_matmul: bool = False
+    """Op-level selective checkpointing saves every other matmul output and recomputes the
+    rest (TorchTitan's policy, activations.alternate_matmul_share), not every one (this
+    platform's, distributed/activation_checkpoint.py): an input for pricing a published run."""
+    ep_overlapped: bool = False
+    """The pipeline schedule hides the EP all-to-all behind another microbatch's compute, as
+    DeepSeek's DualPipe does (each overlapped forward-backward pair dispatches and combines
+    one microbatch's tokens while the other computes: DeepSeek-V3 report, section 3.2.1).
+    This platform does not (torch's DualPipeV runs a pair's forward and backward one after the
+    other unless an overlap function is registered; none is): an input for pricing a published
+    run, never set by the search or a config. step_time.py prices the difference."""
 
     @property
     def dp(self) -> int:

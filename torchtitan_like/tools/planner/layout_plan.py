@@ -60,6 +60,7 @@ class Plan:
             "memory_gib": {"parameters": m.parameters / GiB, "gradients": m.gradients / GiB,
                            "optimizer": m.optimizer / GiB, "activations": m.activations / GiB,
                            "total": m.total / GiB, "peak_moment": m.moment, "stage": m.stage,
+                           "reserved_estimate": m.reserved_estimate / GiB,
                            "per_pipeline_rank": [total / GiB for total in self.stage_totals]},
             "capacity_gib": self.capacity_gib,
             "usable_gib": self.usable_gib,

@@ -11,9 +11,11 @@
     memory_bound  the blocks' element-wise kernels: MEMORY_BOUND_PASSES x the bytes of the
                 activations they produce, over the HBM bandwidth
     recompute   one more forward of every fully checkpointed block (a third of its share of
-                the two parts above); op-level selective AC recomputes element-wise ops
-                (counted in the passes) and an MoE's routed-expert grouped GEMMs, not among
-                its saved ops (one forward of them: moe.routed_forward_share)
+                the three parts above); op-level selective AC recomputes only element-wise ops
+                (counted in the passes) and an MoE's routed-expert grouped GEMMs, not
+                among its saved ops (one forward of them: moe.routed_forward_share),
+                TorchTitan's also every other matmul (``layout.op_sac_every_other_matmul``:
+                one more forward of those)
     tp          TP/SP all-gathers and reduce-scatters sit on the critical path; async TP
                 hides ASYNC_TP_HIDDEN_SHARE of them behind the matmuls (at most the gemm
                 time), the share TorchTitan's one published async-TP pair implies
@@ -31,19 +33,26 @@
     ep          MoE all-to-all dispatch and combine (moe.py: its volume): on the critical
                 path, as TP's collectives, since the experts wait for their tokens and the
                 next block for the combined output (no schedule here overlaps them with
-                another microbatch's compute, as DeepSeek's DualPipe does)
+                another microbatch's compute); with ``layout.ep_overlapped`` (DeepSeek's
+                DualPipe, a published run's input) only what exceeds the compute it hides
+                behind, and it no longer stretches the bubble
 
 MEMORY_BOUND_PASSES (eager and compiled), FLOAT8_GEMM_EFFICIENCY and ASYNC_TP_HIDDEN_SHARE
-are the model's only fitted numbers, each fitted to one published run (the async-TP share to
-one pair; Tables 1 and 4 of TorchTitan's performance docs, docs/planner-throughput.md); every
-other published row tests them.
+are the step-time model's only fitted numbers, each fitted to one published run (the async-TP
+share to one pair; Tables 1 and 4 of TorchTitan's performance docs,
+docs/planner-throughput.md); every other published row tests them. (Memory has one more:
+memory.ALLOCATOR_RESERVE.)
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from torchtitan_like.tools.planner.activations import layer_elements, routed_elements
+from torchtitan_like.tools.planner.activations import (
+    alternate_matmul_share,
+    layer_elements,
+    routed_elements,
+)
 from torchtitan_like.tools.planner.communication import Comm
 from torchtitan_like.tools.planner.inputs import Cluster, Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.moe import routed_forward_share
@@ -58,17 +67,19 @@ ATTENTION_EFFICIENCY = 0.35
 """FlashAttention-2 reaches about 35% of an H100's bf16 peak (Shah et al., "FlashAttention-3",
 2024, section 1); PyTorch's SDPA runs FA2-class kernels. Used for every GPU."""
 
-MEMORY_BOUND_PASSES = {"eager": 38.1, "compiled": 28.3}
+MEMORY_BOUND_PASSES = {"eager": 35.2, "compiled": 25.4}
 """Times each activation element of a block (activations.layer_elements without AC) crosses
 HBM in the block's memory-bound kernels (norms, RoPE, SwiGLU's element-wise ops, residual
 adds, casts, forward and backward): fitted to TorchTitan's Llama 3.1 8B on 8 H100 (FSDP,
-selective AC), eager 5,762 and compiled 6,667 tokens/s/GPU."""
+selective AC with its every-other-matmul policy), eager 5,762 and compiled 6,667
+tokens/s/GPU."""
 
-FLOAT8_GEMM_EFFICIENCY = 0.936
+FLOAT8_GEMM_EFFICIENCY = 0.825
 """Share of the fp8 peak torchao's dynamically scaled Float8 linears reach, their casts and
 scale computations included: fitted to the same run with Float8 (8,532 tokens/s/GPU). It lands
 above what fp8 matmuls reach alone (about 0.7): part of that run's gain is something the
-model does not represent, so Float8 predictions far from that shape deserve less trust."""
+model does not represent, so Float8 predictions far from that shape deserve less trust (the
+recomputed matmuls of that run's AC policy run in fp8 too)."""
 
 ASYNC_TP_HIDDEN_SHARE = 0.262
 """Share of the TP/SP collectives' modelled time that async TP hides behind the matmuls,
@@ -159,6 +170,8 @@ def compute_times(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
     recompute = share * (block_gemm + attention + memory_bound) / 3
     if layout.ac == "op":  # the routed experts' grouped GEMMs are recomputed (moe.py)
         recompute += gemm * routed_forward_share(m)
+    if layout.ac == "op" and layout.op_sac_every_other_matmul:  # one more forward of those
+        recompute += block_gemm * alternate_matmul_share(m) / 3
     return gemm, attention, memory_bound, recompute
 
 
@@ -227,11 +240,13 @@ def estimate_step_time(m: ModelShape, cluster: Cluster, work: Workload, layout: 
         tp -= min(ASYNC_TP_HIDDEN_SHARE * tp, gemm)
     cp = max(0.0, seconds.get("cp", 0.0) - attention)
     ep = seconds.get("ep", 0.0)
+    if layout.ep_overlapped:  # another microbatch's compute runs during the all-to-all
+        ep = max(0.0, ep - compute)
     fsdp = _exposed_data_parallel(m, work, layout, seconds, compute, microbatches)
     accumulation = gradient_accumulation(m, cluster, work, layout, microbatches)
     b = bubble_fraction(layout.pp, microbatches, layout.modelled_schedule,
                         layout.stages_per_rank)
-    bubble = (compute + accumulation + tp + cp + ep) * b / (1 - b)
+    bubble = (compute + accumulation + tp + cp + ep) * b / (1 - b)  # exposed ep only
     return StepTime(gemm=gemm, attention=attention, memory_bound=memory_bound,
                     recompute=recompute, tp=tp, cp=cp, fsdp=fsdp, pp=seconds.get("pp", 0.0),
                     bubble=bubble, ep=ep, grad_accumulation=accumulation)
