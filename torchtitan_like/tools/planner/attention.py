@@ -99,6 +99,12 @@ def attention_elements(m: ModelShape, ac: str, tp: int, fused_norm: bool,
     return (2 + c) * latents + mla.rope_dim + h * kernel / t
 
 
+def output_elements(m: ModelShape, tp: int) -> float:
+    """Elements per token of the attention kernel's output on one TP rank (V's head size)."""
+    mla = m.latent
+    return (m.n_heads * mla.v_head_dim if mla is not None else m.q_dim) / tp
+
+
 def kernel_bytes(m: ModelShape, seq_len: int, tp: int, math: bool = False) -> float:
     """Bytes per token the attention kernel keeps beside its inputs and output on one TP rank:
     the fused kernels' fp32 logsumexp (n_heads), or the math path's softmax probabilities

@@ -49,6 +49,10 @@ class GPU:
     """SDPA's fused kernels take a value head size unlike the query/key one (CUDA's
     memory-efficient kernel); torch's CPU flash kernel does not, so MLA runs the math path
     there (tools/planner/attention.py)."""
+    attention_fp32: bool = False
+    """16-bit queries, keys and values are attended in fp32 and the output cast back (this
+    project's CPU attention, models/attention.py): op-level AC then keeps the kernel's fp32
+    output."""
 
 
 # Peaks: vendor datasheets (dense, no sparsity). gemm_efficiency: the "Maximum Achievable
@@ -75,7 +79,7 @@ GPUS: dict[str, GPU] = {
 }
 
 CPU = GPU("CPU", memory_gib=1024.0, peak_tflops=1.0, intra_node_gbps=1.0, inter_node_gbps=1.0,
-          fused_rms_norm=False, fused_attention_any_v_dim=False)
+          fused_rms_norm=False, fused_attention_any_v_dim=False, attention_fp32=True)
 """This machine, for checking the memory model against measurement (scripts/
 validate_plan_memory.py); only its memory model means anything."""
 

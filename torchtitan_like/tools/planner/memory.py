@@ -46,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 
 from torchtitan_like.tools.planner.activations import layer_elements
-from torchtitan_like.tools.planner.attention import kernel_bytes, math_attention
+from torchtitan_like.tools.planner.attention import kernel_bytes, math_attention, output_elements
 from torchtitan_like.tools.planner.inputs import GPU, Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.moe import expert_split
 from torchtitan_like.tools.planner.schedule import (
@@ -173,6 +173,9 @@ def _activations(m: ModelShape, gpu: GPU, work: Workload, layout: Layout) -> _Ac
     tokens = layout.local_batch_size * work.seq_len / layout.cp
     math = math_attention(m, gpu)
     kernel = kernel_bytes(m, work.seq_len, t, math)  # logsumexp, or the math path's softmax
+    # Op-level AC saves the kernel's output as the kernel wrote it: fp32 where 16-bit inputs
+    # are attended in fp32 (the compute-dtype share is in layer_elements).
+    wide_output = (4 - cb) * output_elements(m, t) if gpu.attention_fp32 and cb < 4 else 0.0
     pipelined = layout.pp > 1
     vocab = m.vocab_size / t
     norm = ((1 if fused else 2) * m.dim / t + m.dim) * cb
@@ -181,7 +184,7 @@ def _activations(m: ModelShape, gpu: GPU, work: Workload, layout: Layout) -> _Ac
                     + kernel) * tokens,
         kept_ckpt=layer_elements(m, layout.ac, t, fused) * cb * tokens,
         kept_op=(layer_elements(m, "op", t, fused, layout.op_sac_every_other_matmul) * cb
-                 + kernel) * tokens,
+                 + kernel + wide_output) * tokens,
         working=(2 * m.dim + m.ffn_hidden_dim) / t * cb * tokens,
         head_kept=(norm + 4 * vocab + (cb * vocab if pipelined else 0)) * tokens,
         loss_grads=(12 if t > 1 and layout.loss_parallel else 8) * vocab * tokens,
