@@ -102,6 +102,20 @@ def test_torchtitans_op_policy_recomputes_every_other_matmul(no_memory_bound):
     assert layer_elements(M8B, "op", 1, True, every_other_matmul=True) == 31744
 
 
+def test_published_run_inputs_are_refused_where_they_would_mean_nothing():
+    """The two inputs that describe another system (TorchTitan's op-level AC, DualPipe's
+    overlap) are refused where the planner would silently ignore or misprice them."""
+    from torchtitan_like.tools.planner import LayoutError, validate_layout
+
+    cluster, work = Cluster(H100, 8), Workload(seq_len=SEQ, global_batch=8)
+    with pytest.raises(LayoutError, match="needs ac op"):
+        validate_layout(M8B, cluster, work, Layout(dp_shard=8, op_sac_every_other_matmul=True))
+    with pytest.raises(LayoutError, match="needs ep > 1 and pp > 1"):
+        validate_layout(M8B, cluster, work, Layout(dp_shard=8, ep_overlapped=True))
+    validate_layout(M8B, cluster, work, Layout(dp_shard=8, ac="op",
+                                               op_sac_every_other_matmul=True))
+
+
 def test_collectives_exposure(no_memory_bound):
     base = parts()
     compute = base.compute

@@ -51,7 +51,6 @@ class PublishedRun:
     difference (the async-TP share); empty: fitted to this row's own tokens/s."""
 
 
-
 def _tt(name: str, nodes: int, global_batch: int, layout: Layout, tps: float, mem: float,
         inputs: str, flavor: str = "8B", **more: object) -> PublishedRun:
     return PublishedRun(name, TORCHTITAN, flavor, Cluster(H100_96GB, 8, nodes),
@@ -63,7 +62,6 @@ def _tt(name: str, nodes: int, global_batch: int, layout: Layout, tps: float, me
 DEEPSEEK_V3_TOKENS = 14.8e12
 DEEPSEEK_V3_GPU_HOURS = 2.664e6
 """Pre-training: 14.8T tokens in 2.664M H800 GPU-hours (DeepSeek-V3 report, Table 1)."""
-
 
 _8B = ("seq 8192, local batch 2, selective (op) AC with TorchTitan's policy (every other "
        "matmul output saved)")

@@ -29,6 +29,12 @@ def validate_layout(m: ModelShape, cluster: Cluster, work: Workload, layout: Lay
         raise LayoutError(f"tp {layout.tp} spans more than a node ({cluster.gpus_per_node} GPUs)")
     if layout.async_tp and not (layout.compile and layout.tp > 1):
         raise LayoutError("async TP needs tp > 1 and compiled blocks")
+    if layout.op_sac_every_other_matmul and (layout.ac != "op" or m.is_moe):
+        raise LayoutError("op_sac_every_other_matmul prices TorchTitan's op-level AC policy on "
+                          "a dense block: it needs ac op and a model without experts")
+    if layout.ep_overlapped and not (layout.ep > 1 and layout.pp > 1):
+        raise LayoutError("ep_overlapped prices a pipeline schedule hiding the EP all-to-all: "
+                          "it needs ep > 1 and pp > 1")
     try:
         return _trainer_rules(m, work, layout)
     except ConfigError as e:
