@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Train with torchrun. Every argument is passed on as a config override (--section.key=value).
 #
-# It runs from any directory: relative paths given here (CONFIG_FILE, PYTHON, path overrides)
-# mean paths from where you stand (scripts/user_paths.sh); paths inside a TOML are resolved
-# against the checkout, where the trainer runs.
+# It runs from any directory: relative paths, given here (CONFIG_FILE, PYTHON, path overrides)
+# or inside a TOML, mean paths from where you stand (scripts/user_paths.sh,
+# torchtitan_like/config/paths.py); `extends` names files relative to the TOML.
 #
 #   NPROC (alias NGPU)  processes on this node; default: the number of GPUs, or 1 without one
 #   CONFIG_FILE         TOML config; default train_configs/debug_model.toml of the checkout
@@ -30,7 +30,7 @@ if [[ -z "${NPROC:-${NGPU:-}}" ]]; then
   [[ "${NPROC:-0}" -gt 0 ]] || NPROC=1
 fi
 NPROC="${NPROC:-$NGPU}"
-CONFIG_FILE="${CONFIG_FILE:-train_configs/debug_model.toml}"
+CONFIG_FILE="${CONFIG_FILE:-$PWD/train_configs/debug_model.toml}"  # of the checkout
 LOG_RANK="${LOG_RANK:-0}"
 NNODES="${NNODES:-1}"
 

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Sourced by run_train.sh before it changes into the checkout: relative paths the user gave on
-# the command line or in environment variables are made absolute against the directory the
-# user ran the script from, so that they keep meaning what the user meant. Paths written inside
-# a TOML keep resolving as documented (against the checkout, where the trainer runs; `extends`
-# against the file). Path keys: those whose value names a file or folder of the user's.
+# Sourced by run_train.sh before it changes into the checkout: relative paths mean paths from
+# where the user stands. Those given on the command line or in environment variables are made
+# absolute here against the directory the user ran the script from; TTL_LAUNCH_DIR tells the
+# trainer that directory, against which it resolves the path keys written inside a TOML
+# (torchtitan_like/config/paths.py; `extends` names files relative to the TOML itself).
+# Path keys: those whose value names a file or folder of the user's.
 #   user_path PATH             -> PATH, absolute against $USER_DIR when relative
 #   user_args ARGS...          -> USER_ARGS, the overrides with path values made absolute
 
 USER_DIR="$PWD"
+export TTL_LAUNCH_DIR="$USER_DIR"
 _PATH_KEYS=" job.config_file job.dump_folder compile.cache_dir checkpoint.initial_load_path "
 _IF_PRESENT_KEYS=" training.dataset_path model.tokenizer_path "  # else a hub name: kept
 

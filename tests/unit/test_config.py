@@ -2,6 +2,7 @@
 
 import dataclasses
 import typing
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,9 @@ def write(path, text):
 
 def test_defaults_parse_for_one_process():
     config = parse_args([], world_size=1)
-    assert config == JobConfig()
+    expected = JobConfig()
+    expected.job.dump_folder = str(Path.cwd() / "outputs")  # paths come out absolute
+    assert config == expected
 
 
 def test_toml_then_command_line_wins(tmp_path):
@@ -159,7 +162,7 @@ def test_validation_errors(args, world_size, message):
 
 def test_empty_dataset_folder_and_small_vocab(tmp_path):
     (tmp_path / "notes.md").write_text("not a supported file")
-    with pytest.raises(ConfigError, match=r"no \.txt/\.jsonl/\.parquet files"):
+    with pytest.raises(ConfigError, match=r"no \.txt/\.jsonl/\.json/\.parquet files"):
         parse_args(["--training.dataset=local", f"--training.dataset_path={tmp_path}"], 1)
     tokenizers = pytest.importorskip("tokenizers")
     from tokenizers.models import WordLevel

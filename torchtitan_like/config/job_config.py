@@ -18,8 +18,9 @@ PipelineScheduleName = Literal[
 
 def ranged(default: Any, *, ge: float | None = None, gt: float | None = None,
            le: float | None = None, lt: float | None = None) -> Any:
-    """A numeric field with the bounds its value must lie in (checked once, config/ranges.py).
-    Every float field must in any case be finite."""
+    """A numeric field with the bounds its value must lie in (checked once, config/ranges.py;
+    a table of numbers declares them as ``metadata={"range": ...}``). Every float must in any
+    case be finite, every integer fit 64 bits."""
     bounds = {k: v for k, v in {"ge": ge, "gt": gt, "le": le, "lt": lt}.items() if v is not None}
     return field(default=default, metadata={"range": bounds})
 
@@ -105,9 +106,9 @@ class Training:
     """cpython_docs: CPython's docs (no download); local: dataset_path; tokenized: prepared."""
 
     dataset_path: str = ""
-    """local: a .txt/.jsonl/.parquet file or folder; tokenized: a scripts/prepare_data.py folder."""
+    """local: a .txt/.jsonl/.json/.parquet file or folder; tokenized: a prepare_data.py folder."""
 
-    mixture: dict[str, float] = field(default_factory=dict)
+    mixture: dict[str, float] = field(default_factory=dict, metadata={"range": {"ge": 0}})
     """tokenized: source name -> weight, each source the prepared folder dataset_path/<name>."""
 
     shuffle: bool = False
@@ -117,7 +118,10 @@ class Training:
     """tokenized: data-loading worker processes (0 = read in the training process)."""
 
     dataset_text_field: str = "text"
-    """Field holding the document text in .jsonl records and .parquet columns."""
+    """local: the field holding the document text in .jsonl/.json records and .parquet columns."""
+
+    decode_errors: Literal["strict", "replace"] = "strict"
+    """local: bytes not UTF-8 stop the job naming file and line (strict), or read as U+FFFD."""
 
     holdout_every: int = 50
     """Every Nth document is kept out of training for validation; 0 = no held-out split."""
@@ -131,7 +135,7 @@ class Training:
     seq_len: int = ranged(2048, ge=1)
     """Tokens per sequence."""
 
-    steps: int = ranged(10000, ge=1)
+    steps: int = ranged(10000, ge=1, le=10**9)
     """Optimizer steps to train for."""
 
     max_norm: float = ranged(1.0, ge=0)

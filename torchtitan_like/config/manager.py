@@ -8,6 +8,7 @@ section, key, value and what was expected, before any process group or model exi
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -15,15 +16,18 @@ import importlib
 import importlib.util
 import inspect
 import itertools
+import os
 import sys
 import traceback
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 from torchtitan_like.config.custom_sections import custom_sections, new_job_config
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
+from torchtitan_like.config.paths import launch_dir, resolve_paths, user_imports, user_path
 from torchtitan_like.config.ranges import out_of_range
 from torchtitan_like.config.torchtitan_keys import torchtitan_hint, value_hint
 
@@ -132,33 +136,51 @@ def _coerce(value: Any, tp: Any, where: str, from_cli: bool) -> Any:
     return value
 
 
-def _load_toml(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, dict[str, Any]]:
-    """Read a TOML file, merging the files it ``extends`` underneath it (section by section)."""
-    path = path.resolve()
-    if path in chain:
-        cycle = " -> ".join(str(p) for p in (*chain, path))
-        raise ConfigError(f"config files extend each other in a cycle: {cycle}")
+def _read_toml(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    """One TOML file parsed; every way it can fail is one ConfigError naming the file."""
     if not path.is_file():
         origin = f" (extended by {chain[-1]})" if chain else ""
         raise ConfigError(f"config file not found: {path}{origin}")
     try:
-        data = tomllib.loads(path.read_text())
+        raw = path.read_bytes()
+        text = raw.decode("utf-8")
+    except OSError as e:
+        raise ConfigError(f"config file {path} cannot be read ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: byte {raw[e.start]:#04x} is not UTF-8 (TOML files "
+                          "are UTF-8 text)") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path} is not valid TOML: {e}") from e
+        raise ConfigError(f"{path} is not valid TOML: {e}") from None
 
+
+def _toml_layers(path: Path, chain: tuple[Path, ...] = ()) -> list[tuple[str, dict[str, Any]]]:
+    """A TOML file as override layers, lowest precedence first: the files it ``extends`` (in
+    order, recursively), then itself; each layer keeps its own file's name, so a problem is
+    reported against the file that holds it."""
+    path = path.resolve()
+    if path in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, path))
+        raise ConfigError(f"config files extend each other in a cycle: {cycle}")
+    data = _read_toml(path, chain)
     bases = data.pop(EXTENDS_KEY, [])
-    merged: dict[str, dict[str, Any]] = {}
-    for base in [bases] if isinstance(bases, str) else bases:
-        for section, values in _load_toml(path.parent / base, (*chain, path)).items():
-            merged.setdefault(section, {}).update(values)
+    bases = [bases] if isinstance(bases, str) else bases
+    if not isinstance(bases, list) or not all(isinstance(b, str) and b.strip() for b in bases):
+        raise ConfigError(f"{path}: {EXTENDS_KEY} = {bases!r}: expected a file name or a list "
+                          "of file names (relative to this file)")
+    layers: list[tuple[str, dict[str, Any]]] = []
+    for base in bases:
+        layers += _toml_layers(path.parent / base, (*chain, path))
     for section, values in data.items():
         if not isinstance(values, dict):
             raise ConfigError(
                 f"{path}: top-level key '{section}' is not a [section]; only '{EXTENDS_KEY}' "
                 "may stand outside one"
             )
-        merged.setdefault(section, {}).update(values)
-    return merged
+    layers.append((str(path), data))
+    return layers
 
 
 def _split_cli(argv: list[str]) -> list[tuple[str, str | None]]:
@@ -256,26 +278,62 @@ def _set_entry(table: dict[str, Any], tp: Any, entry: str, value: Any) -> None:
     table[leaf] = value
 
 
+class _ExitDuringImport(Exception):
+    """os._exit called by a module while it was being imported."""
+
+
+@contextlib.contextmanager
+def _exits_refused() -> Iterator[None]:
+    """``os._exit`` raises instead of ending the process while the block runs: a user module
+    that calls it at import time would otherwise end the job with its status (0: "success",
+    nothing trained), skipping every ``finally`` and atexit handler. Restored on the way out."""
+    real_exit = os._exit
+
+    def refuse(status: int) -> typing.NoReturn:
+        raise _ExitDuringImport(f"called os._exit({status})")
+
+    os._exit = refuse
+    try:
+        yield
+    finally:
+        os._exit = real_exit
+
+
+def _import_one(name: str) -> None:
+    if not name.endswith(".py"):
+        importlib.import_module(name)
+        return
+    path = Path(name).resolve()
+    loaded = sys.modules.get(path.stem)
+    if loaded is not None and getattr(loaded, "__file__", None) == str(path):
+        return  # already imported (e.g. by an earlier job in the same process)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise FileNotFoundError(path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[path.stem]  # half a module: a later import runs it afresh
+        raise
+
+
 def import_custom_modules(names: list[str]) -> None:
     """Import user modules (dotted names or .py paths) so that they can register models.
-    A file already imported (e.g. by an earlier job in the same process) is not run again."""
+    A module that fails, or that tries to end the process (``sys.exit``, ``os._exit``), is a
+    ConfigError naming it: a job must not end while reading its config."""
     for name in names:
         try:
-            if name.endswith(".py"):
-                path = Path(name).resolve()
-                loaded = sys.modules.get(path.stem)
-                if loaded is not None and getattr(loaded, "__file__", None) == str(path):
-                    continue
-                spec = importlib.util.spec_from_file_location(path.stem, path)
-                if spec is None or spec.loader is None or not path.is_file():
-                    raise FileNotFoundError(path)
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[path.stem] = module
-                spec.loader.exec_module(module)
-            else:
-                importlib.import_module(name)
+            with _exits_refused():
+                _import_one(name)
         except (ImportError, FileNotFoundError) as e:
             raise ConfigError(f"[job] custom_import: cannot import {name!r}: {e}") from e
+        except (SystemExit, _ExitDuringImport) as e:
+            how = f"called sys.exit({e.code!r})" if isinstance(e, SystemExit) else str(e)
+            raise ConfigError(f"[job] custom_import: {name!r} {how} while being imported; a "
+                              "module named there must define and register, not end the job"
+                              ) from None
         except Exception as e:  # the module's own code failed: name the file and line
             raise ConfigError(f"[job] custom_import: {name!r} failed at {_failing_line(e)}: "
                               f"{type(e).__name__}: {e}") from e
@@ -291,7 +349,8 @@ def _failing_line(error: BaseException) -> str:
 
 def build_job_config(argv: list[str]) -> JobConfig:
     """``--job.config_file`` (with what it extends) + overrides -> JobConfig, type-checked but
-    not validated against a world size: what tools that plan for another machine read."""
+    not validated against a world size: what tools that plan for another machine read. Path
+    fields come out absolute, read from where the user stands (config/paths.py)."""
     cli: dict[str, dict[str, Any]] = {}
     for key, value in _split_cli(argv):
         section, dot, name = key.partition(".")
@@ -299,17 +358,21 @@ def build_job_config(argv: list[str]) -> JobConfig:
             raise ConfigError(f"override --{key}: expected --section.key=value")
         cli.setdefault(section, {})[name] = value
 
+    base = launch_dir()
     layers: list[tuple[str, dict[str, dict[str, Any]], bool]] = []
     config_file = cli.get("job", {}).get("config_file")
     if config_file:
-        layers.append((config_file, _load_toml(Path(config_file)), False))
+        layers += [(origin, data, False)
+                   for origin, data in _toml_layers(Path(user_path(config_file, base)))]
     layers.append(("command line", cli, True))
     imports = [_coerce(layer["job"]["custom_import"], list[str], f"[job] custom_import ({origin})",
                       from_cli) for origin, layer, from_cli in layers
                if "custom_import" in layer.get("job", {})]
     if imports:  # first: they may register config sections (config/custom_sections.py)
-        import_custom_modules(imports[-1])
-    return _build(layers)
+        import_custom_modules(user_imports(imports[-1], base))
+    config = _build(layers)
+    resolve_paths(config, base)
+    return config
 
 
 coerce = _coerce
