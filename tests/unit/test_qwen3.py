@@ -95,7 +95,8 @@ def test_continue_config_validates_with_the_published_folder(tmp_path, monkeypat
     (tmp_path / "Qwen3-0.6B/model.safetensors").write_bytes(b"")
     monkeypatch.chdir(tmp_path)
     config = parse_args(["--job.config_file", str(CONFIGS / "qwen3_0.6b_continue.toml"),
-                         "--model.tokenizer_path=", "--training.dataset=cpython_docs"], 8)
+                         "--model.tokenizer_path=", "--training.dataset=cpython_docs",
+                         "--training.dataset_path="], 8)
     assert config.checkpoint.initial_load_in_hf and config.model.flavor == "0.6B"
     published = Qwen3HFAdapter(qwen3_flavors["0.6B"])
     with pytest.raises(ValueError, match=r"eps: HF 1e-05, ours 1e-06; hidden_act: HF gelu"):
@@ -103,7 +104,7 @@ def test_continue_config_validates_with_the_published_folder(tmp_path, monkeypat
     with pytest.raises(ConfigError, match=r"hidden_size: HF 1024, ours 2048"):
         parse_args(["--job.config_file", str(CONFIGS / "qwen3_0.6b_continue.toml"),
                     "--model.tokenizer_path=", "--training.dataset=cpython_docs",
-                    "--model.flavor=1.7B"], 8)
+                    "--training.dataset_path=", "--model.flavor=1.7B"], 8)
 
 
 

@@ -23,7 +23,8 @@ WORLD_SIZES = {
     "qwen3_0.6b_continue.toml": 8,
 }
 ON_THIS_CPU = ["--parallelism.enable_async_tensor_parallel=false", "--model.tokenizer_path=",
-               "--training.dataset=cpython_docs", "--checkpoint.initial_load_path=",
+               "--training.dataset=cpython_docs", "--training.dataset_path=",
+               "--checkpoint.initial_load_path=",
                "--checkpoint.initial_load_in_hf=false"]
 
 

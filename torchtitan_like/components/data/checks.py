@@ -4,7 +4,8 @@ starts rather than a traceback at step 1 (or at the first validation, steps late
 Each check reads only as far as it must: every file up to its first non-empty document (which
 proves it readable, in a supported format, with the text field), and the first
 ``holdout_every`` documents when validation needs a held-out split. A malformed record further
-into a file is still found only when training reaches it (with its file and line).
+into a file is still found only when training reaches it: a ``DataError`` naming its file and
+line. Prepared (tokenized) folders are checked against their manifest (prepared_checks.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+from torchtitan_like.components.data.prepared_checks import check_prepared_folder
 from torchtitan_like.components.data.sources import (
     DataError,
     build_document_source,
@@ -19,15 +21,42 @@ from torchtitan_like.components.data.sources import (
     cpython_documents,
     local_documents,
 )
+from torchtitan_like.components.data.tokenized import source_folders
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import Training
 
+READ_BY: dict[str, tuple[str, ...]] = {
+    "dataset_path": ("local", "tokenized"),
+    "dataset_text_field": ("local",),
+    "decode_errors": ("local",),
+    "mixture": ("tokenized",),
+    "shuffle": ("tokenized",),
+    "num_workers": ("tokenized",),
+}
+"""[training] keys that only some datasets read: set for another, they would be ignored."""
 
-def _check_file(path: Path, text_field: str) -> None:
+
+def check_dataset_switches(training: Training) -> None:
+    """ConfigError for a [training] key set away from its default that the chosen dataset does
+    not read (e.g. a dataset_path beside the default cpython_docs would train on CPython's
+    docs), naming both keys."""
+    defaults = Training()
+    for name, readers in READ_BY.items():
+        value = getattr(training, name)
+        if value != getattr(defaults, name) and training.dataset not in readers:
+            wanted = " or ".join(f'"{r}"' for r in readers)
+            raise ConfigError(
+                f"[training] {name} applies to dataset = {wanted} only; [training] dataset = "
+                f"{training.dataset!r} would ignore {name} = {value!r}: set [training] dataset "
+                f"= {wanted.split(' or ')[0]}, or remove {name}")
+
+
+def _check_file(path: Path, training: Training) -> None:
     try:
-        if not any(text.strip() for text in local_documents([path], text_field)):
+        documents = local_documents([path], training.dataset_text_field, training.decode_errors)
+        if not any(text.strip() for text in documents):
             raise ConfigError(f"[training] dataset_path: {path} holds no non-empty document")
-    except (DataError, OSError, UnicodeError) as e:
+    except DataError as e:
         raise ConfigError(f"[training] dataset_path: {e}") from e
 
 
@@ -35,10 +64,10 @@ def _check_held_out(training: Training) -> None:
     """The held-out split is documents holdout_every-1, 2*holdout_every-1, ...: it is empty
     when the dataset has fewer than holdout_every documents."""
     source = build_document_source(training.dataset, training.dataset_path,
-                                   training.dataset_text_field)
+                                   training.dataset_text_field, training.decode_errors)
     try:
         count = sum(1 for _ in itertools.islice(source(), training.holdout_every))
-    except (DataError, OSError, UnicodeError) as e:
+    except DataError as e:
         raise ConfigError(f"[training] dataset_path: {e}") from e
     if count < training.holdout_every:
         name = training.dataset_path or training.dataset
@@ -48,15 +77,19 @@ def _check_held_out(training: Training) -> None:
             "every holdout_every-th; lower holdout_every or set [validation] enable = false")
 
 
-def check_data(training: Training, validation: bool) -> None:
-    """ConfigError unless every source is readable with the text field and holds a non-empty
-    document, and (``validation``) the held-out split has a document. Prepared (tokenized)
-    folders are checked against their manifest by tokenized.validate_data_options."""
+def check_data(training: Training, validation: bool, vocab_size: int) -> None:
+    """ConfigError unless the dataset can feed the job: no switch it ignores; every source
+    readable with the text field and holding a non-empty document, and (``validation``) a
+    held-out split with a document; a prepared folder consistent with its manifest, its ids
+    below ``vocab_size`` (the tokenizer's)."""
+    check_dataset_switches(training)
     if training.dataset == "tokenized":
+        for folder in source_folders(training).values():
+            check_prepared_folder(folder, vocab_size, validation)
         return
     if training.dataset == "local":
         for path in check_dataset_path(training.dataset_path):
-            _check_file(path, training.dataset_text_field)
+            _check_file(path, training)
     if validation:
         _check_held_out(training)
 

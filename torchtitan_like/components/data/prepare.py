@@ -1,4 +1,4 @@
-"""Tokenize text/JSONL/Parquet documents once into a prepared folder (format: prepared.py).
+"""Tokenize text/JSON-lines/Parquet documents once into a prepared folder (format: prepared.py).
 
 Documents are read in the order the on-the-fly path reads them (sources.py), tokenized in
 chunks by a pool of processes, and written in that same order, so the prepared stream equals the
@@ -32,7 +32,13 @@ from torchtitan_like.components.data.prepared import (
     token_dtype,
     tokenizer_identity,
 )
-from torchtitan_like.components.data.sources import DataError, data_files, local_documents
+from torchtitan_like.components.data.sources import (
+    SUPPORTED_SUFFIXES,
+    DataError,
+    DecodeErrors,
+    data_files,
+    local_documents,
+)
 from torchtitan_like.components.data.tokenizer import Tokenizer, build_tokenizer
 
 CHUNK_DOCUMENTS = 256
@@ -57,7 +63,7 @@ def input_files(inputs: list[Path]) -> list[Path]:
             raise DataError(f"{path} does not exist")
         found = data_files(path)
         if not found:
-            raise DataError(f"{path}: no .txt/.jsonl/.parquet files")
+            raise DataError(f"{path}: no {'/'.join(SUPPORTED_SUFFIXES)} files")
         files += found
     return files
 
@@ -124,8 +130,11 @@ def _tokenized_chunks(documents: Iterator[str], tokenizer_path: str, dtype: str,
 
 def _write_splits(out: Path, chunks: Iterator[list[np.ndarray]], holdout_every: int,
                   progress: _Progress) -> dict[str, dict[str, int]]:
-    """Append each document to its split's stream; write the document indexes."""
+    """Append each document to its split's stream; write the document indexes. Per split:
+    documents, tokens and the largest id (``max_id``, which start-up checks against the
+    vocabulary)."""
     lengths: dict[str, list[int]] = {split: [] for split in SPLITS}
+    max_id = dict.fromkeys(SPLITS, -1)
     streams = {split: split_files(out, split)[0].open("wb") for split in SPLITS}
     index = 0
     try:
@@ -135,6 +144,7 @@ def _write_splits(out: Path, chunks: Iterator[list[np.ndarray]], holdout_every: 
                 split = SPLITS[held_out]
                 streams[split].write(tokens.tobytes())
                 lengths[split].append(len(tokens))
+                max_id[split] = max(max_id[split], int(tokens.max()))
                 index += 1
             progress.update(len(chunk), sum(len(t) for t in chunk))
     finally:
@@ -144,13 +154,34 @@ def _write_splits(out: Path, chunks: Iterator[list[np.ndarray]], holdout_every: 
     for split in SPLITS:
         offsets = np.concatenate([[0], np.cumsum(lengths[split], dtype=np.int64)])
         np.save(split_files(out, split)[1], offsets)
-        counts[split] = {"documents": len(lengths[split]), "tokens": int(offsets[-1])}
+        counts[split] = {"documents": len(lengths[split]), "tokens": int(offsets[-1]),
+                         "max_id": max_id[split]}
     return counts
+
+
+def _refuse_empty_splits(out: Path, inputs: list[Path], splits: dict[str, dict[str, int]],
+                         holdout_every: int) -> None:
+    """DataError (the split files removed again, no manifest written) when the train split, or
+    the held-out split asked for, has no document."""
+    documents = splits["train"]["documents"] + splits["validation"]["documents"]
+    problem = None
+    if splits["train"]["documents"] == 0:
+        problem = f"{', '.join(map(str, inputs))}: no training documents"
+    elif holdout_every > 0 and splits["validation"]["documents"] == 0:
+        problem = (f"{', '.join(map(str, inputs))}: {documents} document(s), so holdout_every "
+                   f"= {holdout_every} holds none out and the validation split would be empty; "
+                   f"use a holdout_every of at most {documents} (or 0 for no held-out split)")
+    if problem:
+        for split in SPLITS:
+            for path in split_files(out, split):
+                path.unlink(missing_ok=True)
+        raise DataError(problem)
 
 
 def prepare(inputs: list[Path], tokenizer_path: str, out: Path, *, text_field: str = "text",
             holdout_every: int = 50, workers: int | None = None,
-            progress: TextIO | None = sys.stderr) -> PrepareResult:
+            progress: TextIO | None = sys.stderr,
+            decode_errors: DecodeErrors = "strict") -> PrepareResult:
     """Tokenize ``inputs`` into the prepared folder ``out`` (a no-op when it is up to date)."""
     if holdout_every < 0 or holdout_every == 1:
         raise DataError(f"holdout_every = {holdout_every}: must be 0 (off) or >= 2")
@@ -159,27 +190,30 @@ def prepare(inputs: list[Path], tokenizer_path: str, out: Path, *, text_field: s
     input_bytes = sum(f.stat().st_size for f in files)
     tokenizer = build_tokenizer(tokenizer_path)
     recipe = {"files": [str(f) for f in files], "content_hash": content_hash(files),
-              "text_field": text_field, "holdout_every": holdout_every}
+              "text_field": text_field, "holdout_every": holdout_every,
+              "decode_errors": decode_errors}
     identity = {"identity": tokenizer_identity(tokenizer_path), "path": tokenizer_path,
                 "vocab_size": tokenizer.vocab_size, "bos_id": tokenizer.bos_id,
                 "eos_id": tokenizer.eos_id}
     manifest_path = out / MANIFEST
     if manifest_path.is_file():
-        old = json.loads(manifest_path.read_text())
-        if (old.get("format") == FORMAT_VERSION and old["tokenizer"] == identity
-                and old["inputs"] == recipe):
+        try:
+            old = json.loads(manifest_path.read_text())
+        except ValueError:  # cut short or corrupt: rewritten below
+            old = {}
+        if (isinstance(old, dict) and old.get("format") == FORMAT_VERSION
+                and old.get("tokenizer") == identity and old.get("inputs") == recipe):
             return PrepareResult(old, True, time.perf_counter() - start, input_bytes)
         manifest_path.unlink()  # the folder is incomplete until the new manifest is written
     out.mkdir(parents=True, exist_ok=True)
     dtype = token_dtype(tokenizer.vocab_size)
     meter = _Progress(input_bytes, progress)
-    documents = local_documents(files, text_field)
+    documents = local_documents(files, text_field, decode_errors)
     chunks = _tokenized_chunks(documents, tokenizer_path, dtype.name, workers or os.cpu_count()
                                or 1)
     splits = _write_splits(out, chunks, holdout_every, meter)
     meter.update(0, 0, final=True)
-    if splits["train"]["documents"] == 0:
-        raise DataError(f"{', '.join(map(str, inputs))}: no training documents")
+    _refuse_empty_splits(out, inputs, splits, holdout_every)
     manifest = {"format": FORMAT_VERSION, "tokenizer": identity, "dtype": dtype.name,
                 "inputs": recipe, "splits": splits}
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")

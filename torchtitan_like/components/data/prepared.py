@@ -59,16 +59,45 @@ def split_files(folder: Path, split: str) -> tuple[Path, Path]:
     return folder / f"{split}.bin", folder / f"{split}.idx.npy"
 
 
+_REQUIRED: tuple[tuple[tuple[str, ...], type], ...] = (
+    (("format",), int), (("tokenizer", "identity"), str), (("tokenizer", "vocab_size"), int),
+    (("dtype",), str), (("inputs", "content_hash"), str), (("inputs", "holdout_every"), int),
+    *((("splits", split, count), int) for split in SPLITS for count in ("documents", "tokens")),
+)
+"""The manifest entries the readers use, and their types."""
+
+
+def _manifest_problem(manifest: Any) -> str | None:
+    """What is missing or mistyped in a parsed manifest, or None."""
+    for path, tp in _REQUIRED:
+        value = manifest
+        for key in path:
+            if not isinstance(value, dict) or key not in value:
+                return f"no {'.'.join(path)!r} entry"
+            value = value[key]
+        if not isinstance(value, tp) or isinstance(value, bool):
+            return f"{'.'.join(path)} = {value!r} is not of type {tp.__name__}"
+    return None
+
+
 def read_manifest(folder: Path) -> dict[str, Any]:
-    """The manifest of a prepared folder; ConfigError if it is missing or of another format."""
+    """The manifest of a prepared folder; ConfigError if it is missing, unreadable, cut short,
+    lacks an entry the readers use, or is of another format."""
     path = folder / MANIFEST
+    again = f"run scripts/prepare_data.py INPUT... --out {folder} again"
     if not path.is_file():
         raise ConfigError(f"{folder}: not a prepared dataset (no {MANIFEST}); write it with "
                           f"scripts/prepare_data.py INPUT... --out {folder}")
-    manifest = json.loads(path.read_text())
-    if manifest.get("format") != FORMAT_VERSION:
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeError, ValueError) as e:
+        raise ConfigError(f"{path} is unreadable or cut short ({e}); {again}") from None
+    if isinstance(manifest, dict) and manifest.get("format") != FORMAT_VERSION:
         raise ConfigError(f"{folder}: prepared with format {manifest.get('format')}, this "
-                          f"version reads {FORMAT_VERSION}; run scripts/prepare_data.py again")
+                          f"version reads {FORMAT_VERSION}; {again}")
+    problem = _manifest_problem(manifest)
+    if problem:
+        raise ConfigError(f"{path} is not a complete manifest ({problem}); {again}")
     return manifest
 
 

@@ -1,7 +1,12 @@
-"""Where documents come from: text shipped with CPython, or local .txt/.jsonl/.parquet files.
+"""Where documents come from: text shipped with CPython, or local .txt/.jsonl/.json/.parquet
+files.
 
 A source is a zero-argument callable returning a fresh iterator over document strings, in a
-fixed order; packing and sharding (datasets.py) only ever see that interface.
+fixed order; packing and sharding (datasets.py) only ever see that interface. Text is UTF-8,
+decoded strictly unless ``[training] decode_errors = "replace"``: a byte that is not UTF-8 is
+otherwise trained on as U+FFFD without a word. Every problem found while reading (a record
+that is not JSON, a missing text field, a byte that is not UTF-8, an unreadable file) is one
+``DataError`` naming the file and line.
 """
 
 from __future__ import annotations
@@ -12,12 +17,16 @@ import re
 import sysconfig
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Literal
 
 from torchtitan_like.config.errors import ConfigError
 
 DocumentSource = Callable[[], Iterator[str]]
 
-SUPPORTED_SUFFIXES = (".txt", ".jsonl", ".parquet")
+SUPPORTED_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")
+"""``.json`` is read as JSON lines, as ``.jsonl`` (TorchTitan's ``c4_test/data.json`` shape)."""
+
+DecodeErrors = Literal["strict", "replace"]
 
 _MODULE_DOCSTRING = re.compile(r'\A(?:\s*#[^\n]*\n|\s*\n)*\s*[rRuU]?("""|\'\'\')(.*?)\1', re.S)
 _SKIPPED_STDLIB_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
@@ -54,15 +63,40 @@ def data_files(path: Path) -> list[Path]:
     return files
 
 
-def _jsonl_documents(path: Path, field: str) -> Iterator[str]:
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
+def _not_utf8(path: Path, data: bytes, error: UnicodeDecodeError, line_no: int = 1) -> DataError:
+    """The DataError of a byte that is not UTF-8: file, line and column, and the way out."""
+    before = data[: error.start]
+    line = line_no + before.count(b"\n")
+    column = error.start - (before.rfind(b"\n") + 1) + 1
+    return DataError(f"{path}:{line}: byte {data[error.start]:#04x} at column {column} is not "
+                     "UTF-8; fix the file, or read such bytes as U+FFFD with [training] "
+                     "decode_errors = \"replace\"")
+
+
+def _text_document(path: Path, errors: DecodeErrors) -> str:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8", errors=errors)
+    except UnicodeDecodeError as e:
+        raise _not_utf8(path, data, e) from None
+
+
+def _jsonl_documents(path: Path, field: str, errors: DecodeErrors) -> Iterator[str]:
+    with path.open("rb") as f:
+        for line_no, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8", errors=errors)
+            except UnicodeDecodeError as e:
+                raise _not_utf8(path, raw, e, line_no) from None
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{line_no}: not valid JSON ({e})") from e
+                array = " (the file is one JSON document; one JSON object per line is expected)"
+                raise DataError(f"{path}:{line_no}: not valid JSON ({e})"
+                                + (array if line_no == 1 and line.lstrip()[:1] == "[" else "")
+                                ) from None
             if not isinstance(record, dict) or not isinstance(record.get(field), str):
                 raise DataError(f"{path}:{line_no}: no text field {field!r} in this record")
             yield record[field]
@@ -73,21 +107,35 @@ def _parquet_documents(path: Path, field: str) -> Iterator[str]:
         import pyarrow.parquet as pq
     except ImportError as e:
         raise DataError(f"{path}: parquet needs pyarrow: pip install -e '.[parquet]'") from e
-    table = pq.ParquetFile(path)
+    try:
+        table = pq.ParquetFile(path)
+    except Exception as e:  # pyarrow's ArrowInvalid and friends
+        raise DataError(f"{path}: not a readable Parquet file ({' '.join(str(e).split())})"
+                        ) from None
     if field not in table.schema_arrow.names:
         raise DataError(f"{path}: no column {field!r} (columns: {table.schema_arrow.names})")
     for batch in table.iter_batches(columns=[field]):
         yield from (text for text in batch.column(0).to_pylist() if text is not None)
 
 
-def local_documents(files: list[Path], field: str) -> Iterator[str]:
+def _file_documents(path: Path, field: str, errors: DecodeErrors) -> Iterator[str]:
+    if path.suffix == ".txt":
+        yield _text_document(path, errors)
+    elif path.suffix in (".jsonl", ".json"):
+        yield from _jsonl_documents(path, field, errors)
+    else:
+        yield from _parquet_documents(path, field)
+
+
+def local_documents(files: list[Path], field: str,
+                    errors: DecodeErrors = "strict") -> Iterator[str]:
+    """The documents of ``files`` in order: a .txt file is one document, a .jsonl/.json line
+    one record, a .parquet row one value of the column ``field``."""
     for path in files:
-        if path.suffix == ".txt":
-            yield path.read_text(encoding="utf-8", errors="replace")
-        elif path.suffix == ".jsonl":
-            yield from _jsonl_documents(path, field)
-        else:
-            yield from _parquet_documents(path, field)
+        try:
+            yield from _file_documents(path, field, errors)
+        except OSError as e:  # vanished, unreadable, a folder named like a file ...
+            raise DataError(f"{path}: cannot be read ({e.strerror or e})") from None
 
 
 def check_dataset_path(dataset_path: str) -> list[Path]:
@@ -105,8 +153,9 @@ def check_dataset_path(dataset_path: str) -> list[Path]:
     return files
 
 
-def build_document_source(dataset: str, dataset_path: str, text_field: str) -> DocumentSource:
+def build_document_source(dataset: str, dataset_path: str, text_field: str,
+                          decode_errors: DecodeErrors = "strict") -> DocumentSource:
     if dataset == "cpython_docs":
         return lambda: iter(cpython_documents())
     files = check_dataset_path(dataset_path)
-    return functools.partial(local_documents, files, text_field)
+    return functools.partial(local_documents, files, text_field, decode_errors)

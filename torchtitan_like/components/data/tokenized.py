@@ -197,19 +197,26 @@ def build_tokenized_loader(training: Training, seed: int, *, dp_rank: int, dp_de
                            num_workers=training.num_workers if split == "train" else 0)
 
 
+def _check_source_name(name: str) -> None:
+    """A mixture source is a folder directly under dataset_path: a name with a separator or
+    ``..`` would read a folder elsewhere."""
+    if not name or name in (".", "..") or Path(name).name != name or "\\" in name:
+        raise ConfigError(f"[training] mixture: source name {name!r} must be the name of a "
+                          "folder directly under [training] dataset_path (no / or ..)")
+
+
 def validate_data_options(training: Training, tokenizer_path: str, vocab_size: int) -> None:
-    """Start-up checks of the tokenized path's switches (ConfigError naming the fix)."""
+    """Start-up checks of the tokenized path's switches (ConfigError naming the fix); the
+    prepared folders' files are checked by checks.check_data."""
     if training.dataset != "tokenized":
-        for name, unset in (("mixture", {}), ("shuffle", False), ("num_workers", 0)):
-            if getattr(training, name) != unset:
-                raise ConfigError(f"[training] {name} applies to dataset = \"tokenized\" only "
-                                  f"(dataset = {training.dataset!r})")
         return
     if not training.dataset_path:
         raise ConfigError("[training] dataset = tokenized needs [training] dataset_path (a "
                           "folder written by scripts/prepare_data.py)")
     if training.num_workers < 0:
         raise ConfigError(f"[training] num_workers = {training.num_workers}: must be >= 0")
+    for name in training.mixture:
+        _check_source_name(name)
     MixtureSchedule(training.mixture or {"data": 1.0}, 0)  # the weights' own checks
     for folder in source_folders(training).values():
         manifest = check_prepared(folder, tokenizer_path, vocab_size)
