@@ -18,7 +18,7 @@ from torchtitan_like.distributed.layout_rules import (
     check_tensor_parallel_shapes,
 )
 from torchtitan_like.models.moe import MoEArgs
-from torchtitan_like.models.registry import BaseModelArgs
+from torchtitan_like.models.registry import BaseModelArgs, check_arg_ranges
 
 if TYPE_CHECKING:
     from torchtitan_like.config.job_config import JobConfig
@@ -78,6 +78,13 @@ class DeepSeekV3Args(BaseModelArgs):
 
     def validate(self, job_config: JobConfig, parallel_dims: ParallelDims) -> None:
         flavor = f"[model] flavor {job_config.model.flavor}"
+        check_arg_ranges(self, flavor, positive=(
+            "dim", "n_layers", "n_heads", "vocab_size", "inter_dim", "moe_inter_dim",
+            "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "norm_eps",
+            "rope_theta", "max_seq_len", "rope_scaling.factor",
+            "rope_scaling.original_max_position", "rope_scaling.beta_fast",
+            "rope_scaling.beta_slow"), non_negative=(
+            "q_lora_rank", "n_dense_layers", "rope_scaling.mscale", "rope_scaling.mscale_all_dim"))
         if self.qk_rope_head_dim % 2:
             raise ConfigError(f"{flavor}: qk_rope_head_dim {self.qk_rope_head_dim} must be even "
                               "(RoPE rotates pairs)")

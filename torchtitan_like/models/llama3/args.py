@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed.layout_rules import check_tensor_parallel_shapes
 from torchtitan_like.models.llama3.pipeline import llama_fqns_per_stage
-from torchtitan_like.models.registry import BaseModelArgs
+from torchtitan_like.models.registry import BaseModelArgs, check_arg_ranges
 
 if TYPE_CHECKING:
     from torchtitan_like.config.job_config import JobConfig
@@ -64,6 +64,18 @@ class Llama3Args(BaseModelArgs):
 
     def validate(self, job_config: JobConfig, parallel_dims: ParallelDims) -> None:
         flavor = f"[model] flavor {job_config.model.flavor}"
+        check_arg_ranges(self, flavor, positive=(
+            "dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "multiple_of",
+            "ffn_dim_multiplier", "norm_eps", "rope_theta", "max_seq_len",
+            *(f"rope_scaling.{f.name}" for f in dataclasses.fields(RopeScaling))))
+        s = self.rope_scaling
+        if s is not None and s.high_freq_factor <= s.low_freq_factor:
+            raise ConfigError(f"{flavor}: rope_scaling.high_freq_factor {s.high_freq_factor} "
+                              f"must exceed low_freq_factor {s.low_freq_factor} (the band "
+                              "between them is interpolated)")
+        if self.ffn_hidden_dim < 1:
+            raise ConfigError(f"{flavor}: ffn_dim_multiplier {self.ffn_dim_multiplier} leaves "
+                              "the feed-forward no width")
         if self.dim % self.n_heads or self.head_dim % 2:
             raise ConfigError(f"{flavor}: dim {self.dim} must split into n_heads {self.n_heads} "
                               "heads of an even size (RoPE rotates pairs)")

@@ -63,10 +63,15 @@ class MoEArgs:
         elif self.num_limited_groups * self.num_experts // self.num_expert_groups < self.top_k:
             problems.append(f"num_limited_groups = {self.num_limited_groups} groups hold fewer "
                             f"than top_k = {self.top_k} experts")
-        if self.load_balance_coeff is not None and self.load_balance_coeff <= 0:
-            problems.append("load_balance_coeff must be positive (None turns the bias off)")
-        if self.aux_loss_coeff < 0:
+        if self.load_balance_coeff is not None and not 0 < self.load_balance_coeff < float("inf"):
+            problems.append("load_balance_coeff must be a finite number > 0 (None turns the bias "
+                            "off)")
+        if not self.aux_loss_coeff >= 0:  # NaN too
             problems.append("aux_loss_coeff must be >= 0")
+        if not 0 < self.route_scale < float("inf"):
+            problems.append(f"route_scale = {self.route_scale} must be a finite number > 0")
+        if self.num_shared_experts < 0:
+            problems.append(f"num_shared_experts = {self.num_shared_experts} must be >= 0")
         if problems:
             raise ValueError("MoEArgs: " + "; ".join(problems))
 

@@ -18,7 +18,7 @@ from torchtitan_like.distributed.layout_rules import (
 )
 from torchtitan_like.models.llama3.args import check_heads_and_layout
 from torchtitan_like.models.moe import MoEArgs
-from torchtitan_like.models.registry import BaseModelArgs
+from torchtitan_like.models.registry import BaseModelArgs, check_arg_ranges
 
 if TYPE_CHECKING:
     from torchtitan_like.config.job_config import JobConfig
@@ -64,6 +64,9 @@ class Qwen3Args(BaseModelArgs):
 
     def validate(self, job_config: JobConfig, parallel_dims: ParallelDims) -> None:
         flavor = f"[model] flavor {job_config.model.flavor}"
+        check_arg_ranges(self, flavor, positive=(
+            "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim", "vocab_size",
+            "norm_eps", "rope_theta", "max_seq_len", "moe_hidden_dim"))
         if self.head_dim % 2:
             raise ConfigError(f"{flavor}: head_dim {self.head_dim} must be even (RoPE rotates "
                               "pairs)")
