@@ -19,6 +19,7 @@ from torchtitan_like.components.data.tokenized import validate_data_options
 from torchtitan_like.components.data.tokenizer import build_tokenizer
 from torchtitan_like.components.fault_injection import validate_faults
 from torchtitan_like.components.hf_export import validate_hf_export
+from torchtitan_like.components.output_paths import check_output_paths
 from torchtitan_like.config.custom_sections import validate_custom_sections
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
@@ -99,9 +100,10 @@ def validate(config: JobConfig, world_size: int) -> None:
         f"{config.model.flavor} only {vocab} embeddings; choose a larger flavor or tokenizer",
     )
     validate_data_options(config.training, config.model.tokenizer_path, tokenizer.vocab_size)
-    check_data(config.training, config.validation.enable)
+    check_data(config.training, config.validation.enable, tokenizer.vocab_size)
     validate_checkpoint(config, world_size)
     validate_hf_export(config)
+    check_output_paths(config)
     validate_faults(config, world_size)
 
 
