@@ -8,8 +8,9 @@
     # a job with [checkpoint] enable = true and that dump folder then starts from them
     python scripts/convert_hf.py from_hf path/to/Llama-3.2-1B outputs/ft/checkpoint
 
-The flavor comes from the checkpoint's checkpoint.json (to_hf) or from the flavor whose shape
-config.json describes (from_hf); ``--flavor`` overrides. A job trained with ``[model] overrides``
+The model and flavor come from the checkpoint's checkpoint.json (to_hf), or from config.json
+(from_hf: the registered model whose HF adapter writes its ``model_type``, and the flavor whose
+shape it describes); ``--model`` and ``--flavor`` override. A job trained with ``[model] overrides``
 records them in checkpoint.json (to_hf); for from_hf give them as ``--override moe.top_k=2``
 (repeatable), so that the flavor is matched with the job's shape. To load HF weights straight into a
 sharded job instead, set ``[checkpoint] initial_load_path`` and ``initial_load_in_hf = true``.
@@ -25,13 +26,13 @@ from torchtitan_like.components.checkpoint import CheckpointError
 from torchtitan_like.components.hf_checkpoint import (
     hf_to_seed_checkpoint,
     model_from_checkpoint,
+    model_of_folder,
     overrides_from_cli,
     save_hf,
 )
 from torchtitan_like.components.hf_export import add_generation_files
 from torchtitan_like.config.manager import ConfigError, import_custom_modules
 from torchtitan_like.distributed.utils import DTYPES
-from torchtitan_like.models.registry import get_model_spec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     from_hf.add_argument("checkpoint_folder", type=Path,
                          help="a checkpoint folder, e.g. <dump_folder>/checkpoint")
     for p in (to_hf, from_hf):
-        p.add_argument("--model", default="llama3", help="registered model name")
+        p.add_argument("--model", default=None,
+                       help="registered model name; default: the one the folder records")
         p.add_argument("--flavor", default=None, help="override the detected flavor")
         p.add_argument("--override", action="append", default=[], metavar="NAME=VALUE",
                        help="a [model] overrides entry, e.g. moe.num_experts=16 (repeatable; "
@@ -58,12 +60,12 @@ def main(argv: list[str] | None = None) -> int:
                        help="module registering the model (as [job] custom_import)")
     args = parser.parse_args(argv)
 
-    import_custom_modules(args.custom_import)
-    spec = get_model_spec(args.model)
-    if spec.hf_adapter is None:
-        print(f"model {args.model!r} has no HuggingFace adapter", file=sys.stderr)
-        return 2
     try:
+        import_custom_modules(args.custom_import)
+        source = args.checkpoint if args.command == "to_hf" else args.hf_folder
+        spec = model_of_folder(source, args.model)
+        if spec.hf_adapter is None:
+            raise ValueError(f"model {spec.name!r} has no HuggingFace adapter")
         overrides = overrides_from_cli(args.override)
         if args.command == "to_hf":
             model, model_args = model_from_checkpoint(spec, args.checkpoint, args.flavor,
@@ -76,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             final, flavor = hf_to_seed_checkpoint(spec, args.hf_folder, args.checkpoint_folder,
                                                   args.flavor, overrides)
-            print(f"wrote the seed checkpoint {final} ({args.model} flavor {flavor})")
+            print(f"wrote the seed checkpoint {final} ({spec.name} flavor {flavor})")
     except (ValueError, CheckpointError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

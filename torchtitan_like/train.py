@@ -14,11 +14,13 @@ import os
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from torchtitan_like.components.checkpoint import CheckpointError, CheckpointManager
+from torchtitan_like.components.checkpoint.folder import finished_run
 from torchtitan_like.components.converters import build_converters
 from torchtitan_like.components.data.checks import describe_data
 from torchtitan_like.components.data.dataloader import build_dataloader, data_epoch
@@ -328,6 +330,16 @@ class Trainer:
             else ""))
 
 
+def _nothing_left_to_do(config: JobConfig) -> str | None:
+    """The line a finished run prints when restarted: the checkpoint it would resume from is
+    at its last step already."""
+    c = config.checkpoint
+    if not c.enable or c.create_seed_checkpoint or "train_state" in c.exclude_from_loading:
+        return None
+    return finished_run(Path(config.job.dump_folder) / c.folder, c.load_step,
+                        config.training.steps)
+
+
 def main(argv: list[str] | None = None, trainer_cls: type[Trainer] = Trainer) -> None:
     """The trainer's entry point; a fork calls it with its own ``Trainer`` subclass."""
     init_logger()
@@ -338,6 +350,9 @@ def main(argv: list[str] | None = None, trainer_cls: type[Trainer] = Trainer) ->
     except ConfigError as e:
         logger.error(f"config error: {e}")
         raise SystemExit(2) from None
+    if done := _nothing_left_to_do(config):  # before any process group, file or model
+        logger.info(done)
+        return
     device = dist_utils.init_distributed()
     try:
         trainer_cls(config, device).train()

@@ -21,7 +21,14 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 
 from torchtitan_like.components.checkpoint.folder import publish, read_info
-from torchtitan_like.models.registry import HFAdapter, ModelSpec, apply_overrides, get_model_args
+from torchtitan_like.models.registry import (
+    HFAdapter,
+    ModelSpec,
+    apply_overrides,
+    get_model_args,
+    get_model_spec,
+    registered_models,
+)
 
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -81,6 +88,49 @@ def overrides_from_cli(items: list[str]) -> dict[str, str] | None:
             raise ValueError(f"--override {item!r}: expected NAME=VALUE, e.g. moe.top_k=2")
         overrides[name.strip()] = value.strip()
     return overrides or None
+
+
+def _hf_model_types(spec: ModelSpec) -> set[str]:
+    """The config.json ``model_type`` values the flavors of ``spec`` are written with (a flavor
+    without an HF layout, which its adapter refuses with a ValueError, adds none)."""
+    assert spec.hf_adapter is not None
+    types = set()
+    for args in spec.flavors.values():
+        try:
+            types.add(str(spec.hf_adapter(args).hf_config(torch.float32).get("model_type")))
+        except ValueError:
+            continue
+    return types
+
+
+def model_of_folder(path: Path, model_name: str | None = None) -> ModelSpec:
+    """The registered model of a DCP step folder (the ``model.name`` its checkpoint.json
+    records) or of a HuggingFace folder (the model whose HF adapter writes its config.json's
+    ``model_type``); ``model_name`` (the tools' ``--model``) wins. ValueError (or
+    CheckpointError for an unreadable checkpoint.json) naming what to pass otherwise."""
+    if model_name:
+        return get_model_spec(model_name)
+    if not path.is_dir():
+        raise ValueError(f"{path}: no such folder (a DCP step-N folder or a HuggingFace one)")
+    if (path / "config.json").is_file():
+        try:
+            model_type = json.loads((path / "config.json").read_text()).get("model_type")
+        except (OSError, ValueError, AttributeError) as e:
+            raise ValueError(f"{path}/config.json is not a readable HF config ({e})") from None
+        matches = [spec for spec in registered_models()
+                   if spec.hf_adapter is not None and model_type in _hf_model_types(spec)]
+        if len(matches) == 1:
+            return matches[0]
+        known = ", ".join(f"{s.name} ({'/'.join(sorted(_hf_model_types(s)))})"
+                          for s in registered_models() if s.hf_adapter is not None)
+        which = (f"is written by {len(matches)} registered models" if matches
+                 else "is no registered model's")
+        raise ValueError(f"{path}/config.json: model_type {model_type!r} {which} ({known}); "
+                         "pass --model (and --custom_import for a model of your own)")
+    name = read_info(path).get("model", {}).get("name")
+    if not name:
+        raise ValueError(f"{path}/checkpoint.json does not name its model; pass --model")
+    return get_model_spec(name)
 
 
 def model_from_checkpoint(spec: ModelSpec, checkpoint: Path, flavor: str | None = None,

@@ -15,24 +15,29 @@ is simple and exact, and slow for long outputs.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
 
+from torchtitan_like.components.checkpoint import CheckpointError
 from torchtitan_like.components.data.tokenizer import Tokenizer, build_tokenizer
 from torchtitan_like.components.hf_checkpoint import (
     model_from_checkpoint,
     model_from_hf,
+    model_of_folder,
     overrides_from_cli,
 )
+from torchtitan_like.config.manager import import_custom_modules
 from torchtitan_like.models.registry import get_model_spec
 
 
-def load_model(path: Path, model_name: str = "llama3", flavor: str | None = None,
+def load_model(path: Path, model_name: str | None = None, flavor: str | None = None,
                overrides: dict[str, str] | None = None) -> tuple[torch.nn.Module, int]:
-    """(the full model in eval mode on CPU, its context length) from a DCP or HF folder;
-    ``overrides`` are the training job's [model] overrides (a DCP checkpoint records them)."""
-    spec = get_model_spec(model_name)
+    """(the full model in eval mode on CPU, its context length) from a DCP or HF folder; the
+    model is the one the folder records (``model_name`` overrides), ``overrides`` the training
+    job's [model] overrides (a DCP checkpoint records them)."""
+    spec = model_of_folder(path, model_name)
     is_hf = (path / "config.json").is_file()
     model, args = (model_from_hf if is_hf else model_from_checkpoint)(spec, path, flavor,
                                                                       overrides)
@@ -120,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top_k", type=int, default=0, help="0 = all tokens")
     parser.add_argument("--top_p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--model", default="llama3")
+    parser.add_argument("--model", default=None,
+                        help="registered model name; default: the one the checkpoint.json (or "
+                             "the HF config.json) records")
+    parser.add_argument("--custom_import", action="append", default=[],
+                        help="module registering the model (as [job] custom_import)")
     parser.add_argument("--flavor", default=None, help="override the detected flavor")
     parser.add_argument("--override", action="append", default=[], metavar="NAME=VALUE",
                         help="a [model] overrides entry of the training job, e.g. "
@@ -133,17 +142,20 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer_path = args.tokenizer_path or (
         str(args.checkpoint) if (args.checkpoint / "tokenizer.json").is_file() else "")
-    tokenizer = build_tokenizer(tokenizer_path)
     try:
-        overrides = overrides_from_cli(args.override)
-    except ValueError as e:
-        parser.error(str(e))
-    model, max_seq_len = load_model(args.checkpoint, args.model, args.flavor, overrides)
+        tokenizer = build_tokenizer(tokenizer_path)
+        import_custom_modules(args.custom_import)
+        spec = model_of_folder(args.checkpoint, args.model)
+        model, max_seq_len = load_model(args.checkpoint, spec.name, args.flavor,
+                                        overrides_from_cli(args.override))
+    except (ValueError, CheckpointError) as e:  # ConfigError is a ValueError
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.tp > 1:
         from torchtitan_like.distributed.utils import init_distributed
 
         device = init_distributed()  # this rank's device
-        model = tensor_parallel(model, args.model, args.tp, device)
+        model = tensor_parallel(model, spec.name, args.tp, device)
     else:
         device = torch.device(args.device)
         model = model.to(device)

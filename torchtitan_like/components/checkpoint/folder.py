@@ -47,6 +47,46 @@ def read_info(path: Path) -> dict[str, Any]:
             "--checkpoint.load_step") from e
 
 
+def checkpoint_to_load(folder: Path, load_step: int) -> Path | None:
+    """The checkpoint a job resumes from: ``load_step`` if >= 0, else the newest complete one
+    that holds a train state, else a seed ``step-0``; None when the folder holds none.
+    CheckpointError when ``load_step`` is not there, or only model-only ones are."""
+    found = step_folders(folder)
+    if load_step >= 0:
+        if load_step not in found:
+            raise CheckpointError(
+                f"[checkpoint] load_step = {load_step}: no complete checkpoint step-{load_step} "
+                f"in {folder} (complete: {', '.join(map(str, found)) or 'none'})")
+        return found[load_step]
+    for step in reversed(found):  # the newest that can resume (older ones are not read)
+        if "train_state" in read_info(found[step])["states"]:
+            return found[step]
+    if 0 in found:  # a seed checkpoint: the initial weights
+        return found[0]
+    if found:
+        raise CheckpointError(
+            f"{folder} holds only model-only checkpoints ({', '.join(map(str, found))}), "
+            "which cannot resume training: set --checkpoint.load_step to start from one's "
+            "weights, or use another dump_folder")
+    return None
+
+
+def finished_run(folder: Path, load_step: int, steps: int) -> str | None:
+    """The line to print instead of training when the checkpoint a resume would load is at or
+    past the job's last step (a finished run, restarted); None when there is work to do, or
+    when the load itself should report what is wrong."""
+    try:
+        path = checkpoint_to_load(folder, load_step)
+        info = read_info(path) if path is not None else None
+    except CheckpointError:
+        return None
+    if info is None or "train_state" not in info["states"] or info["step"] < steps:
+        return None
+    return (f"nothing left to do: {path} is step {info['step']} and [training] steps = {steps}, "
+            "so this run is finished; raise --training.steps to train further, or choose "
+            "another dump_folder for a new run")
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

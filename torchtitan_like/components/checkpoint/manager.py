@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from torchtitan_like.components.checkpoint.folder import (
     check_files,
     check_keys,
+    checkpoint_to_load,
     publish,
     purge,
     read_info,
@@ -146,29 +147,13 @@ class CheckpointManager:
             self._load_initial(Path(self.c.initial_load_path))
 
     def _choose(self) -> Path | None:
-        found = step_folders(self.folder)
+        path = checkpoint_to_load(self.folder, self.c.load_step)
         if self.c.load_step >= 0:
-            if self.c.load_step not in found:
-                raise CheckpointError(
-                    f"[checkpoint] load_step = {self.c.load_step}: no complete checkpoint "
-                    f"step-{self.c.load_step} in {self.folder} (complete: "
-                    f"{', '.join(map(str, found)) or 'none'})")
-            later = [s for s in found if s > self.c.load_step]
+            later = [s for s in step_folders(self.folder) if s > self.c.load_step]
             if later:
                 logger.warning(f"checkpoint: resuming from step {self.c.load_step}; the later "
                                f"checkpoints {later} will be replaced as this run saves")
-            return found[self.c.load_step]
-        for step in reversed(found):  # the newest that can resume (older ones are not read)
-            if "train_state" in read_info(found[step])["states"]:
-                return found[step]
-        if 0 in found:  # a seed checkpoint: the initial weights
-            return found[0]
-        if found:
-            raise CheckpointError(
-                f"{self.folder} holds only model-only checkpoints ({', '.join(map(str, found))}), "
-                "which cannot resume training: set --checkpoint.load_step to start from one's "
-                "weights, or use another dump_folder")
-        return None
+        return path
 
     def _resume(self, path: Path) -> None:
         info = read_info(path)
