@@ -1,5 +1,6 @@
-"""run_train.sh from another directory: relative paths on the command line and in environment
-variables mean paths from there (scripts/user_paths.sh)."""
+"""run_train.sh from another directory: relative paths on the command line, in environment
+variables and inside the TOML mean paths from there (scripts/user_paths.sh,
+torchtitan_like/config/paths.py), and the log prints them absolute."""
 
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ def test_relative_paths_resolve_against_the_users_directory(tmp_path, corpus):
         '[validation]\nenable = false\n\n[metrics]\npeak_tflops = 1.0\n')
     proc = subprocess.run(
         [str(ROOT / "run_train.sh"), "--job.dump_folder=out",
-         "--job.custom_import", "models/zloss.py", "--training.dataset_path=corpus.jsonl"],
+         "--job.custom_import", "models/zloss.py"],  # dataset_path: the TOML's, relative
         cwd=tmp_path, env={**env(), "CONFIG_FILE": "job.toml", "NPROC": "1",
                            "PYTHON": sys.executable},
         capture_output=True, text=True, timeout=600)
@@ -28,3 +29,6 @@ def test_relative_paths_resolve_against_the_users_directory(tmp_path, corpus):
     assert [r["step"] for r in records] == [1, 2]
     assert "aux_loss/z" in records[0]  # the model file given relative to this directory
     assert not (ROOT / "out").exists()
+    log = proc.stdout + proc.stderr
+    assert f"data: {tmp_path / 'corpus.jsonl'} (1 file(s)" in log, log[-3000:]
+    assert f"writing to {tmp_path / 'out'}" in log

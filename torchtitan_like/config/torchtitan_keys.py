@@ -55,20 +55,22 @@ UNSUPPORTED: dict[str, str] = {
     "training.gc_freq": "Python's garbage collector keeps its default schedule",
     "training.enable_cpu_offload": "FSDP CPU offload is not implemented",
     "optimizer.early_step_in_backward": "the optimizer steps once after backward",
-    "parallelism.expert_parallel_degree": "there are no MoE models",
     "parallelism.enable_compiled_autograd": "compiled autograd is not wired in",
     "checkpoint.enable_first_step_checkpoint": "use create_seed_checkpoint for the initial "
                                                "weights",
     "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns":
         "selective op AC saves every matmul",
-    "comm": "process groups use torch's default timeouts and flight recorder settings",
+    "comm": "collectives time out after 300 s (the checkpoint process group after torch's "
+            "default of 30 min) and the flight recorder keeps torch's defaults; neither is "
+            "configurable here",
     "fault_tolerance": "TorchFT is not integrated; MAX_RESTARTS=N ./run_train.sh restarts the "
                        "job from its latest checkpoint",
-    "memory_estimation": "use scripts/plan.py, which estimates memory per layout",
+    "memory_estimation": "use ttl-plan (ttl-plan --config job.toml for a config's own "
+                         "layout), which estimates memory per layout before the run",
     "mx": "MXFP8 linears are not implemented; the routed experts' MXFP8 grouped GEMMs are "
           "[float8] moe_grouped_mm = \"mxfp8\"",
-    "quantize": "MX/Float8 are configured under [float8] only (the routed experts' grouped "
-                "GEMMs: [float8] moe_grouped_mm)",
+    "quantize": "MX/Float8 have their keys in [float8] (the routed experts' grouped GEMMs: "
+                "[float8] moe_grouped_mm)",
 }
 """TorchTitan key -> why it has no counterpart here (after "not supported, because ...")."""
 
