@@ -110,6 +110,15 @@ def test_every_config_key_named_exists(doc):
     assert all(flag in help_text() for flag in flags)
 
 
+def test_no_hint_is_for_a_key_that_exists_here():
+    """A hint shows only for an unknown key: one for a real key (EP's once) is never seen."""
+    known = {name: {f.name for f in dataclasses.fields(cls)} for name, cls in sections().items()}
+    real = [name for name in [*torchtitan_keys.RENAMED, *torchtitan_keys.UNSUPPORTED]
+            if (parts := name.split("."))[0] in known
+            and (len(parts) == 1 or parts[1] in known[parts[0]])]
+    assert not real, f"hints for keys that exist: {real}"
+
+
 def _answers_help(kind: str, name: str) -> None:
     saved = sys.argv
     sys.argv = [name, "--help"]
