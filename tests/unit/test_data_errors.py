@@ -102,3 +102,15 @@ def test_prepare_refuses_a_held_out_split_it_cannot_fill(tmp_path, capsys):
         sys.argv = saved
     errors = [line for line in capsys.readouterr().err.splitlines() if "prepare_data:" in line]
     assert exit_.value.code == 2 and len(errors) == 1 and "holds none out" in errors[0]
+
+
+def test_a_prepared_file_cut_short_after_start_up_is_a_data_error(tmp_path):
+    from torchtitan_like.components.data.prepared import PreparedSplit
+
+    (tmp_path / "d.jsonl").write_text(_lines(*({"text": f"doc {i}"} for i in range(4))))
+    prepare([tmp_path / "d.jsonl"], "", tmp_path / "out", holdout_every=0, workers=1,
+            progress=None)
+    split = PreparedSplit(tmp_path / "out", "train")
+    (tmp_path / "out/train.bin").write_bytes(b"\0\0")
+    with pytest.raises(DataError, match=r"train\.bin: cannot be read as \d+ ids of uint16"):
+        split.read(0, 4)

@@ -139,8 +139,13 @@ class PreparedSplit:
 
     def read(self, offset: int, length: int) -> np.ndarray:
         """Tokens ``offset .. offset + length`` of the repeating stream, as int64."""
-        if self._tokens is None:
-            self._tokens = np.memmap(self.path, dtype=self.dtype, mode="r")
+        if self._tokens is None:  # the manifest's length: a file cut short since is an error
+            try:
+                self._tokens = np.memmap(self.path, dtype=self.dtype, mode="r",
+                                         shape=(self.num_tokens,))
+            except (OSError, ValueError) as e:
+                raise DataError(f"{self.path}: cannot be read as {self.num_tokens:,} ids of "
+                                f"{self.dtype} ({e})") from None
         start = offset % self.num_tokens
         if start + length <= self.num_tokens:
             out = self._tokens[start : start + length]
