@@ -159,7 +159,9 @@ def test_every_shipped_config_and_model_is_in_the_readme():
     configs = [str(p.relative_to(ROOT / "train_configs"))
                for p in sorted((ROOT / "train_configs").rglob("*.toml"))]
     assert not [c for c in configs if f"`{c}`" not in readme], "shipped configs missing"
-    assert not [m.name for m in registered_models() if f"`{m.name}`" not in readme]
+    built_in = [m.name for m in registered_models()  # not those other tests registered
+                if m.model_cls.__module__.startswith("torchtitan_like.")]
+    assert len(built_in) >= 3 and not [m for m in built_in if f"`{m}`" not in readme]
 
 
 def test_the_parsers_find_what_they_look_for():
