@@ -13,7 +13,6 @@ import math
 import os
 import sys
 import warnings
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -85,9 +84,6 @@ class Trainer:
             f" x {config.training.seq_len} tokens per step"
         )
         logger.info(describe_run(config, self.parallel_dims, self.model_parts, self.data_text))
-        if dist.get_rank() == 0:  # the merged config, runnable again with --job.config_file
-            Path(config.job.dump_folder).mkdir(parents=True, exist_ok=True)
-            (Path(config.job.dump_folder) / "config.toml").write_text(to_toml(config))
 
     def _build_mesh_and_data(self, config: JobConfig) -> None:
         training = config.training
@@ -190,6 +186,7 @@ class Trainer:
             resume_step=self.step,
             total_steps=training.steps,
             trackers=build_trackers(config, self.step) if dist.get_rank() == 0 else [],
+            config_toml=to_toml(config),
         )
         self.step_clock = StepClock(dist.get_world_size(), config.metrics.straggler_threshold)
         self.autocast = dist_utils.maybe_autocast(

@@ -19,6 +19,7 @@ from torchtitan_like.components.data.tokenized import validate_data_options
 from torchtitan_like.components.data.tokenizer import build_tokenizer
 from torchtitan_like.components.fault_injection import validate_faults
 from torchtitan_like.components.hf_export import validate_hf_export
+from torchtitan_like.components.spikes import validate_spike
 from torchtitan_like.components.trackers import validate_trackers
 from torchtitan_like.config.custom_sections import validate_custom_sections
 from torchtitan_like.config.errors import ConfigError
@@ -105,6 +106,7 @@ def validate(config: JobConfig, world_size: int) -> None:
     validate_hf_export(config)
     validate_faults(config, world_size)
     validate_trackers(config)
+    validate_spike(config.spike)
 
 
 def parse_args(argv: list[str], world_size: int) -> JobConfig:

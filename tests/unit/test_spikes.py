@@ -16,11 +16,13 @@ baseline resuming exactly from a checkpoint: tests/unit/test_trackers.py.
 """
 
 import json
+import re
 
 import pytest
 from harness import ROOT, build_trainer, read_metrics
 
 from torchtitan_like.components.spikes import SpikeDetector, TrainingDiverged
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import Spike
 from torchtitan_like.config.manager import build_job_config
 
@@ -113,3 +115,25 @@ def test_stop_ends_the_run_at_the_nth_spike_in_a_row():
     with pytest.raises(TrainingDiverged, match="step 6: 2 loss/grad-norm spike"):
         detector.skips_update(6, 1e4, 1.0, events.append)
     assert [(e["step"], e["spike_streak"]) for e in events] == [(5, 1), (6, 2)]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--spike.policy=off", "--spike.window=5"], 'but policy = "off" checks nothing'),
+    (["--spike.max_consecutive=2"], 'counts spikes for policy = "stop" only'),
+    (["--debug.spike_scale=3"], "[debug] spike_scale = 3 needs [debug] spike_step"),
+    (["--debug.slow_rank_seconds=1"], "needs [debug] slow_rank"),
+    (["--debug.slow_rank=2"], "[debug] slow_rank = 2: must be -1 (off) or a rank in 0..1"),
+    (["--metrics.run_name=x"], "is read by enable_wandb or enable_mlflow only"),
+    (["--metrics.enable_wandb", "--metrics.mlflow_tracking_uri=x"], "by enable_mlflow only"),
+])
+def test_a_switch_that_would_do_nothing_is_refused(args, message):
+    """Fields of spikes, faults and trackers that nothing would read: one line each."""
+    from torchtitan_like.components.fault_injection import validate_faults
+    from torchtitan_like.components.spikes import validate_spike
+    from torchtitan_like.components.trackers import validate_trackers
+
+    config = build_job_config(args)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate_spike(config.spike)
+        validate_faults(config, 2)
+        validate_trackers(config)

@@ -109,6 +109,7 @@ class MetricsLogger:
         resume_step: int = 0,
         total_steps: int = 0,
         trackers: list[Tracker] | None = None,
+        config_toml: str = "",
     ):
         self.device = device
         self.flops_per_token = flops_per_token
@@ -122,6 +123,7 @@ class MetricsLogger:
         self.resume_step = resume_step
         self.jsonl = None
         self.trackers = list(trackers or [])  # W&B, MLflow: started at the first record
+        self.config_toml = config_toml  # the run's merged config, written beside its metrics
         self.warned_mfu = False
         self.reset()
 
@@ -241,6 +243,8 @@ class MetricsLogger:
     def _write(self, step: int, record: dict[str, Any]) -> None:
         if self.writer and self.jsonl is None:
             self._open()
+            if self.config_toml:  # runnable again: --job.config_file dump_folder/config.toml
+                (self.dump_folder / "config.toml").write_text(self.config_toml)
         if self.jsonl is not None:
             self._record(record)
 

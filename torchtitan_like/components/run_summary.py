@@ -65,7 +65,8 @@ def _model_lines(config: JobConfig, parts: list[nn.Module]) -> list[str]:
     float8 = _count(parts, lambda m: type(m).__name__ == "Float8Linear")
     return [
         "activation checkpointing: off" if ac.mode == "none" else
-        f"activation checkpointing: {mode}, {wrapped} of {blocks} blocks wrapped",
+        f"activation checkpointing: {mode}, {wrapped} module(s) wrapped"
+        + (f" of {blocks} blocks" if blocks else ""),
         f"compile: {compiled} compiled module(s)" if config.compile.enable else "compile: off",
         f"float8: {float8} linears converted ({config.float8.recipe_name})"
         if float8 else "float8: off",

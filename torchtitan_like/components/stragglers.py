@@ -15,8 +15,10 @@ At every logged step each rank takes the median of its per-step times over the s
 the last log (a median, so one hiccup does not count: a rank must *stay* slow), all ranks
 gather them, and the record gets, over ranks, ``data_seconds_{min,median,max}``,
 ``compute_seconds_{min,median,max}``, ``slowest_rank`` (largest data + compute) and
-``slowest_rank_excess`` (its step time over the median rank's, as a fraction). A warning
-names the slowest rank when the excess is above ``[metrics] straggler_threshold``.
+``slowest_rank_excess`` (its step time over the median of the other ranks', as a fraction:
+with 2 ranks, over the other rank's). A warning names the slowest rank when the excess is
+above ``[metrics] straggler_threshold`` (not for the first window, which holds each rank's
+warm-up: first kernels, compilation).
 
 What wall clocks can tell: a rank slow in its data loading, or in the part of its step after
 its last collective (the optimizer step, the end of backward), stands out. A rank slow inside
@@ -50,6 +52,7 @@ class StepClock:
         self.world_size = world_size
         self.threshold = threshold
         self.times: dict[str, list[float]] = {phase: [] for phase in PHASES}
+        self.warm = False  # the first window holds the warm-up (first kernels, compilation)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -78,9 +81,11 @@ class StepClock:
             dist.all_gather(table, gathered)
             gathered = torch.stack(table)
         per_rank = gathered.reshape(self.world_size, len(PHASES)).tolist()
-        return self.summarise(per_rank)
+        stats = self.summarise(per_rank, warn=self.warm)
+        self.warm = True
+        return stats
 
-    def summarise(self, per_rank: list[list[float]]) -> dict[str, Any]:
+    def summarise(self, per_rank: list[list[float]], warn: bool = True) -> dict[str, Any]:
         """``per_rank[r]`` = rank r's median (data, compute) seconds -> the record's fields."""
         stats: dict[str, Any] = {}
         for i, phase in enumerate(PHASES):
@@ -90,14 +95,15 @@ class StepClock:
                           f"{phase}_seconds_max": max(column)})
         steps = [sum(times) for times in per_rank]
         slowest = max(range(len(steps)), key=steps.__getitem__)
-        typical = statistics.median(steps)
+        others = steps[:slowest] + steps[slowest + 1:]  # of 2 ranks: the other one
+        typical = statistics.median(others) if others else steps[slowest]
         excess = steps[slowest] / typical - 1 if typical > 0 else 0.0
         stats.update(slowest_rank=slowest, slowest_rank_excess=excess)
-        if self.threshold > 0 and excess > self.threshold:
+        if warn and self.threshold > 0 and excess > self.threshold:
             data, compute = per_rank[slowest]
             logger.warning(
                 f"straggler: rank {slowest} takes {steps[slowest]:.3f} s a step (median since "
                 f"the last log: data {data:.3f} s, compute {compute:.3f} s), {100 * excess:.0f}% "
-                f"over the median rank's {typical:.3f} s ([metrics] straggler_threshold = "
-                f"{self.threshold:g})")
+                f"over the other ranks' median of {typical:.3f} s ([metrics] "
+                f"straggler_threshold = {self.threshold:g})")
         return stats

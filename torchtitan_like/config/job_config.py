@@ -355,7 +355,7 @@ class Metrics:
     """MLflow tracking URI; empty = MLFLOW_TRACKING_URI, else a file store dump_folder/mlruns."""
 
     straggler_threshold: float = ranged(0.2, ge=0)
-    """Warn when a rank's median step time in a log window is this fraction over the median rank."""
+    """Warn when a rank's median step time in a log window is this fraction over the others'."""
 
 
 @dataclass
