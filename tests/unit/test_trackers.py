@@ -62,7 +62,8 @@ def combine(runs: list[tuple[int, dict[int, dict]]]) -> dict[int, dict]:
 
 
 def test_the_job_resumed_after_its_spike_step(job):
-    _, _, first, records = job
+    folder, _, first, records = job
+    assert [p.name for p in (folder / "checkpoint").iterdir()] == ["step-2"]  # none of step 4
     assert [r["step"] for r in first if "loss" in r] == [1, 2, 3, 4]
     assert [(r["step"], sorted(r)[0]) for r in records if "loss" not in r] == [
         (2, "step"), (2, "resumed"), (4, "spike"), (4, "step")]  # validation, marker, spike, val
