@@ -13,8 +13,8 @@ neither the median nor the MAD by more than one rank), a step is a spike when
 A falling loss is never a spike (only jumps upwards count). On the shipped default job
 (train_configs/debug_model.toml, 100 steps) the largest normal excursions are 6.8 s (loss) and
 7.6 s (gradient norm, a 4x jump that recovers the next step) with the default window of 50, so
-the default factor of 15 leaves a margin of 2; a loss that climbs from 2.7 to 5.3 or a gradient
-norm 11x its median is flagged there.
+the default factor of 15 leaves a margin of 2. The limits this gives there (steps 60-100) are
+2.1-2.9x the median loss and 17-90x the median gradient norm, whose steps vary much more.
 
 Policies (``[spike] policy``): ``warn`` logs the spike (console and a ``metrics.jsonl`` event)
 and keeps the update; ``skip`` also discards the update (no optimizer or LR-schedule step: the
