@@ -113,3 +113,15 @@ def test_the_written_config_runs_the_same_job(job):
     again = build_job_config(["--job.config_file", str(folder / "config.toml")])
     again.job.config_file = config.job.config_file
     assert to_dict(again) == to_dict(config)
+
+
+def test_a_tracker_without_its_package_is_refused_in_one_line(monkeypatch):
+    import importlib.util
+
+    from torchtitan_like.components import trackers
+    from torchtitan_like.config.errors import ConfigError
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match=r"^\[metrics\] enable_mlflow needs the mlflow package: "
+                                          r"pip install 'torchtitan_like\[mlflow\]'"):
+        trackers.validate_trackers(build_job_config(["--metrics.enable_mlflow"]))
