@@ -10,7 +10,7 @@ A resumed job is a new W&B / MLflow run in the group ``[metrics] run_name``, con
 the merged config plus ``resumed_from_step``. Its records start at the resume marker; the
 steps after it that an earlier run had logged before its failure are superseded, exactly as
 ``metrics.jsonl`` drops them (components/metrics.py): reading the group's runs in order and
-letting each run's records replace the earlier runs' records of its marker step and later
+letting each run's records replace the earlier runs' records after its marker step
 gives the file's records. (W&B's own "rewind" of a run is a private preview, and its normal
 resume drops steps that go backwards, so one run per resumed job is the portable choice.)
 
