@@ -12,7 +12,6 @@ import itertools
 import math
 import os
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -34,8 +33,13 @@ from torchtitan_like.components.metrics import MetricsLogger, peak_tflops
 from torchtitan_like.components.model_hooks import StepHooks, attach_step_hooks
 from torchtitan_like.components.optimizer import OptimizersContainer
 from torchtitan_like.components.profiling import Profiler
+from torchtitan_like.components.run_summary import describe_run
+from torchtitan_like.components.spikes import SpikeDetector, TrainingDiverged
+from torchtitan_like.components.stragglers import StepClock
+from torchtitan_like.components.trackers import build_trackers
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
+from torchtitan_like.config.manager import to_toml
 from torchtitan_like.distributed import context_parallel, pipeline
 from torchtitan_like.distributed import utils as dist_utils
 from torchtitan_like.distributed.compile import maybe_compile_loss, set_inductor_cache
@@ -47,10 +51,6 @@ from torchtitan_like.models.registry import ModelSpec, model_spec_and_args
 from torchtitan_like.validate import grad_accumulation_steps, parse_args
 
 Batch = tuple[torch.Tensor, torch.Tensor]
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss or the gradient norm stopped being finite."""
 
 
 class Trainer:
@@ -85,6 +85,7 @@ class Trainer:
             f"{self.grad_accumulation_steps} microbatch(es) of {config.training.local_batch_size}"
             f" x {config.training.seq_len} tokens per step"
         )
+        logger.info(describe_run(config, self.parallel_dims, self.model_parts, self.data_text))
 
     def _build_mesh_and_data(self, config: JobConfig) -> None:
         training = config.training
@@ -102,9 +103,9 @@ class Trainer:
             seed=config.debug.seed,
         )
         self.grad_accumulation_steps = grad_accumulation_steps(config, self.parallel_dims.dp)
-        logger.info(f"data: {describe_data(training)}; tokenizer "
-                    f"{config.model.tokenizer_path or 'byte-level'} ({self.tokenizer.vocab_size:,} "
-                    "tokens)")
+        tokenizer = config.model.tokenizer_path or "byte-level"
+        self.data_text = (f"{describe_data(training)}; tokenizer {tokenizer} "
+                          f"({self.tokenizer.vocab_size:,} tokens)")
 
     def _build_model(self, config: JobConfig) -> ModelSpec:
         """Steps 3-7; the model's spec, which the later steps read."""
@@ -155,6 +156,9 @@ class Trainer:
                                           self.parallel_dims, self.meshes)
         self.step = 0
         self.tokens_seen = 0
+        self.spikes = SpikeDetector(  # its baseline is part of the checkpoint
+            config.spike, self.grad_accumulation_steps * config.training.local_batch_size
+            * self.parallel_dims.dp)
 
     def _load_checkpoint(self, config: JobConfig, spec: ModelSpec) -> None:
         # 9. Resume from the latest complete checkpoint, if there is one.
@@ -183,7 +187,10 @@ class Trainer:
             world_size=self.parallel_dims.world_size,
             resume_step=self.step,
             total_steps=training.steps,
+            trackers=build_trackers(config, self.step) if dist.get_rank() == 0 else [],
+            config_toml=to_toml(config),
         )
+        self.step_clock = StepClock(dist.get_world_size(), config.metrics.straggler_threshold)
         self.autocast = dist_utils.maybe_autocast(
             self.parallel_dims.fsdp_enabled, compute_dtype, device
         )
@@ -196,12 +203,13 @@ class Trainer:
         self.profiler = Profiler(config.profiling, config.job.dump_folder, dist.get_rank(),
                                  device, start_step=self.step)
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, int | str]:
         """The trainer's own part of a checkpoint (checkpoint/states.py adds RNG states)."""
-        return {"step": self.step, "tokens_seen": self.tokens_seen}
+        return {"step": self.step, "tokens_seen": self.tokens_seen, **self.spikes.state_dict()}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, int | str]) -> None:
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
+        self.spikes.load_state_dict(state)
 
     def post_dataloading_process(self, inputs: torch.Tensor, labels: torch.Tensor) -> Batch:
         """One loaded microbatch (on the CPU), as the step will use it; the default keeps it."""
@@ -231,7 +239,8 @@ class Trainer:
     def train_step(self, microbatches: list[Batch]) -> tuple[torch.Tensor, float]:
         self.optimizers.zero_grad()
         labelled = sum(count_labelled_tokens(labels) for _, labels in microbatches)
-        global_tokens = dist_utils.all_reduce_sum(labelled.to(self.device), self.meshes.dp)
+        global_tokens = self.faults.spike(
+            self.step, dist_utils.all_reduce_sum(labelled.to(self.device), self.meshes.dp))
         self.step_hooks.begin_step(global_tokens)
         loss = sum(
             self.forward_backward(inputs.to(self.device), labels.to(self.device), global_tokens)
@@ -249,6 +258,9 @@ class Trainer:
                 f"{loss.item():.4g}); stopped before the optimizer step, weights untouched. "
                 "Lower [optimizer] lr, raise warmup, or check the data."
             )
+        if self.spikes.enabled and self.spikes.skips_update(
+                self.step, self.global_sum(loss).item(), grad_norm, self.metrics.log_event):
+            return loss, grad_norm  # a spike's update is discarded (components/spikes.py)
         self.optimizers.step()
         self.lr_schedulers.step()
         return loss, grad_norm
@@ -288,20 +300,44 @@ class Trainer:
         if self.checkpointer.create_seed():  # [checkpoint] create_seed_checkpoint: no training
             self.metrics.close()
             return
+        logger.info(f"training {self.config.training.steps} steps; writing to "
+                    f"{self.config.job.dump_folder}")
+        try:
+            self.train_steps()
+        except TrainingDiverged:  # a save in flight completes: the latest checkpoint stays good
+            self.checkpointer.close()
+            self.metrics.close()
+            raise
+        self.checkpointer.close()
+        if (self.config.checkpoint.last_save_in_hf and dist.get_rank() == 0
+                and not self.spikes.holds_checkpoint(self.step)):
+            export_last_save(self.config, self.checkpointer.folder, self.step)
+        self.metrics.close()
+        self.profiler.close()
+        folder, metrics = self.config.job.dump_folder, self.config.metrics
+        tensorboard = f"{folder}/{metrics.save_tb_folder}"
+        logger.info(f"done: metrics in {folder}/metrics.jsonl" + (
+            f", TensorBoard: tensorboard --logdir {tensorboard}" if metrics.enable_tensorboard
+            else ""))
+
+    def train_steps(self) -> None:
+        """The loop: data, step, metrics, faults, checkpoint, validation, until the last step."""
         training, validation = self.config.training, self.config.validation
         data = iter(self.dataloader)
         tokens_per_step = (self.grad_accumulation_steps * training.local_batch_size
                            * training.seq_len)
-        logger.info(f"training {training.steps} steps; writing to {self.config.job.dump_folder}")
         while self.step < training.steps:
             self.step += 1
-            start = time.perf_counter()
-            microbatches = [self.post_dataloading_process(*next(data))
-                            for _ in range(self.grad_accumulation_steps)]
-            self.metrics.add_step(tokens_per_step, time.perf_counter() - start)
+            with self.step_clock.phase("data"):  # each rank times its own (stragglers.py)
+                self.faults.slow_down()
+                microbatches = [self.post_dataloading_process(*next(data))
+                                for _ in range(self.grad_accumulation_steps)]
+            self.metrics.add_step(tokens_per_step, self.step_clock.last("data"))
             self.tokens_seen += tokens_per_step * self.parallel_dims.dp
             lr = self.lr_schedulers.last_lr
-            loss, grad_norm = self.train_step(microbatches)
+            self.step_clock.sync()
+            with self.step_clock.phase("compute"):
+                loss, grad_norm = self.train_step(microbatches)
             self.profiler.step(self.step)
 
             last = self.step == training.steps
@@ -311,23 +347,14 @@ class Trainer:
                 self.metrics.log(self.step, {
                     "loss": global_loss, "grad_norm": grad_norm, "lr": lr,
                     "epoch": data_epoch(self.dataloader), "tokens_seen": self.tokens_seen,
-                    **report_mixture(self.dataloader), **model_values}, console=console)
+                    **report_mixture(self.dataloader), **model_values,
+                    **self.step_clock.window_stats()}, console=console)
             self.faults.after_step(self.step)
-            with self.metrics.paused("checkpoint"):
-                self.checkpointer.save(self.step, last)
+            with self.metrics.paused("checkpoint"):  # never from a spike's state
+                self.checkpointer.save(self.step, last, self.spikes.holds_checkpoint(self.step))
             if validation.enable and (self.step % validation.freq == 0 or last):
                 with self.metrics.paused("validation"):
                     self.metrics.log_validation(self.step, self.validate())
-        self.checkpointer.close()
-        if self.config.checkpoint.last_save_in_hf and dist.get_rank() == 0:
-            export_last_save(self.config, self.checkpointer.folder, self.step)
-        self.metrics.close()
-        self.profiler.close()
-        folder, metrics = self.config.job.dump_folder, self.config.metrics
-        tensorboard = f"{folder}/{metrics.save_tb_folder}"
-        logger.info(f"done: metrics in {folder}/metrics.jsonl" + (
-            f", TensorBoard: tensorboard --logdir {tensorboard}" if metrics.enable_tensorboard
-            else ""))
 
 
 def _nothing_left_to_do(config: JobConfig) -> str | None:

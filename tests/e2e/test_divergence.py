@@ -1,9 +1,16 @@
-"""A NaN loss stops the run with the step number, before the optimizer step."""
+"""A NaN loss stops the run with the step number, before the optimizer step; so does a loss
+spike under ``[spike] policy = "stop"``."""
 
+import os
 import subprocess
 import sys
 
-from harness import ROOT, env, losses, read_metrics
+import pytest
+import torch
+from harness import ROOT, env, job_args, losses, read_metrics
+
+from torchtitan_like.logging import logger
+from torchtitan_like.train import main
 
 
 def test_nan_loss_stops_with_a_clear_error(tmp_path, corpus):
@@ -18,3 +25,35 @@ def test_nan_loss_stops_with_a_clear_error(tmp_path, corpus):
     assert "training diverged: step 3: gradient norm is nan" in proc.stderr
     assert "stopped before the optimizer step" in proc.stderr
     assert len(losses(read_metrics(tmp_path))) == 2  # steps 1 and 2 were logged, then the stop
+
+
+def test_a_spike_stops_with_exit_3_and_the_last_checkpoint_intact(tmp_path, corpus, monkeypatch,
+                                                                  capsys):
+    """``[spike] policy = "stop"`` (max_consecutive 1 here; the streak count is unit-tested
+    in tests/unit/test_spikes.py): the injected spike at step 6 ends the job through ``main``
+    with exit code 3, naming the step and its samples; the step-5 checkpoint is the last one,
+    complete, and nothing was written from the spike (in-process: one process group of one)."""
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    saved = dict(os.environ)
+    handlers, propagate, level = logger.handlers[:], logger.propagate, logger.level
+    argv = job_args(["--training.steps=8", "--checkpoint.enable=true", "--checkpoint.interval=5",
+                     "--spike.window=4", "--spike.policy=stop", "--spike.max_consecutive=1",
+                     "--debug.spike_step=6"], tmp_path, corpus)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            main(argv)
+    finally:
+        torch.use_deterministic_algorithms(False)
+        os.environ.clear()
+        os.environ.update(saved)
+        logger.handlers[:], logger.propagate, logger.level = handlers, propagate, level
+    assert stopped.value.code == 3
+    log = capsys.readouterr().err
+    assert "training diverged: step 6: 1 loss/grad-norm spike(s) in a row (loss" in log
+    assert "this step's data: samples 20-23 of the training stream (4 a step)" in log
+    assert [p.name for p in (tmp_path / "checkpoint").iterdir()] == ["step-5"]
+    records = read_metrics(tmp_path)
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5]
+    spikes = [(r["step"], r["spike_update_skipped"]) for r in records if r.get("spike")]
+    assert spikes == [(6, True)]

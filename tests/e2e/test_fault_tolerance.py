@@ -7,7 +7,10 @@ One launch of 2 processes with ``--max-restarts=3`` trains, in turn:
 - ``killed_after_step``: rank 1 SIGKILLed after step 6; the restart resumes from step-5;
 - ``killed_in_async_save``: rank 1 SIGKILLed while the async (thread) save of step 8 is in
   flight, after writing its files; step-8 never completed, so the restart resumes from step-4;
-- ``killed_in_pinned_save``: the same with async_with_pinned_mem, killed in the writer process.
+- ``killed_in_pinned_save``: the same with async_with_pinned_mem, killed in the writer process;
+- ``slow_rank_1``: rank 1 sleeps 0.2 s in every step's data loading (a straggler): each logged
+  step names it as the slowest rank, and the losses are the reference's (bitwise: timing
+  changes no number).
 
 Each fault fires once (a marker file in the dump folder), costing one restart each.
 """
@@ -27,6 +30,7 @@ CASES = {
     "killed_in_pinned_save": [*CKPT, "--checkpoint.interval", "4", "--checkpoint.async_mode",
                               "async_with_pinned_mem", *KILL_RANK_1, "--debug.fault_step", "8",
                               "--debug.fault_point", "save"],
+    "slow_rank_1": [*CKPT, "--debug.slow_rank", "1", "--metrics.log_freq", "5"],
 }
 RESUMED_FROM = {"killed_after_step": 5, "killed_in_async_save": 4, "killed_in_pinned_save": 4}
 
@@ -46,3 +50,12 @@ def test_job_recovers_with_the_uninterrupted_losses(runs, case):
     assert [r["step"] for r in records[case] if "loss" in r] == list(range(1, 11))
     assert losses(records[case]) == losses(records["reference"])
     assert not list((root / case / "checkpoint").glob("*.partial"))
+
+
+def test_a_slow_rank_is_named_the_slowest(runs):
+    _, records = runs
+    logged = [r for r in records["slow_rank_1"] if "loss" in r]
+    assert [r["step"] for r in logged] == [1, 5, 10]
+    assert [r["slowest_rank"] for r in logged[1:]] == [1, 1]  # medians over steps 2-5, 6-10
+    reference = {r["step"]: r["loss"] for r in records["reference"] if "loss" in r}
+    assert [r["loss"] for r in logged] == [reference[r["step"]] for r in logged]

@@ -1,4 +1,5 @@
-"""Fault injection: kill one rank at a chosen step, once, so that recovery is tested, not hoped for.
+"""Fault injection: kill one rank at a chosen step, once, so that recovery is tested, not hoped for;
+spike one step's loss; slow one rank down.
 
 ``[debug] fault_rank = r, fault_step = s`` SIGKILLs rank r (no clean-up, like a lost node) at
 step s, at one of two points:
@@ -6,6 +7,15 @@ step s, at one of two points:
 - ``step``: after step s (its metrics are logged), before its checkpoint is saved;
 - ``save``: inside the checkpoint of step s, after this rank's files are written but before the
   save completes on all ranks, i.e. the worst moment for a checkpoint to be cut short.
+
+Two faults slow or spoil a run instead of killing it, on every run of their step (like a
+corrupted batch or a slow host, they come back when the step is run again):
+
+- ``[debug] spike_step = s``: step s's loss, and so its gradients, are multiplied by
+  ``spike_scale`` (the loss normaliser is divided by it), for the spike policies of
+  components/spikes.py;
+- ``[debug] slow_rank = r``: rank r sleeps ``slow_rank_seconds`` in every step's data loading,
+  a straggler for components/stragglers.py to name.
 
 "Once" survives the restart: before dying, the rank writes a marker file into the dump folder,
 and a job that finds the marker runs without the fault. Under ``torchrun --max-restarts`` (the
@@ -18,9 +28,11 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 from torch.distributed.checkpoint import FileSystemWriter
 
 from torchtitan_like.config.errors import ConfigError
@@ -31,6 +43,17 @@ from torchtitan_like.logging import logger
 def validate_faults(config: JobConfig, world_size: int) -> None:
     """ConfigError for a fault that can never fire."""
     d, c = config.debug, config.checkpoint
+    if not 0 <= d.spike_step <= config.training.steps:
+        raise ConfigError(f"[debug] spike_step = {d.spike_step}: must be 0 (off) or a step in "
+                          f"1..{config.training.steps} ([training] steps)")
+    if not -1 <= d.slow_rank < world_size:
+        raise ConfigError(f"[debug] slow_rank = {d.slow_rank}: must be -1 (off) or a rank in "
+                          f"0..{world_size - 1} of this {world_size}-process job")
+    default = type(d)()
+    for name, fault, on in (("spike_scale", "spike_step", d.spike_step > 0),
+                            ("slow_rank_seconds", "slow_rank", d.slow_rank >= 0)):
+        if getattr(d, name) != getattr(default, name) and not on:
+            raise ConfigError(f"[debug] {name} = {getattr(d, name):g} needs [debug] {fault}")
     if d.fault_rank == -1:
         return
     if not 0 <= d.fault_rank < world_size:
@@ -87,6 +110,8 @@ class FaultInjector:
         self.marker = Path(config.job.dump_folder) / (
             f".fault_injected_rank{d.fault_rank}_step{d.fault_step}_{d.fault_point}")
         self.armed = d.fault_rank == rank and not self.marker.exists()
+        self.spike_step, self.spike_scale = d.spike_step, d.spike_scale
+        self.slow_seconds = d.slow_rank_seconds if d.slow_rank == rank else 0.0
         if d.fault_rank != -1 and self.marker.exists():
             logger.info(f"fault injection disarmed: it already fired ({self.marker})")
 
@@ -104,3 +129,16 @@ class FaultInjector:
         if self.armed and self.point == "save" and step == self.step:
             return _DyingWriter(path, self._die(step))
         return None
+
+    def spike(self, step: int, loss_normaliser: torch.Tensor) -> torch.Tensor:
+        """The step's loss normaliser (its labelled tokens), divided by ``spike_scale`` at
+        ``spike_step``: that step's loss and gradients come out ``spike_scale`` times larger."""
+        if step == self.spike_step:
+            logger.warning(f"fault injection: step {step}'s loss scaled by {self.spike_scale:g}")
+            return loss_normaliser / self.spike_scale
+        return loss_normaliser
+
+    def slow_down(self) -> None:
+        """The ``slow_rank`` fault: called in every step's data loading."""
+        if self.slow_seconds:
+            time.sleep(self.slow_seconds)

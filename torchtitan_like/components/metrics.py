@@ -1,4 +1,5 @@
-"""Per-step training metrics to the console, TensorBoard and ``{dump_folder}/metrics.jsonl``.
+"""Per-step training metrics to the console, ``{dump_folder}/metrics.jsonl`` and the trackers
+(TensorBoard, W&B, MLflow: components/trackers.py), which receive exactly the file's records.
 
 Throughput follows TorchTitan: ``tokens_per_second`` is per device, i.e. the tokens this rank's
 model replica consumed divided by time and by the devices that replica spans (pp x cp x tp);
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from torchtitan_like.components.progress import Progress
+from torchtitan_like.components.trackers import TensorBoardTracker, Tracker
 from torchtitan_like.logging import logger
 
 # Dense bf16 TFLOP/s (no sparsity) per device, by a substring of torch.cuda.get_device_name().
@@ -106,6 +108,8 @@ class MetricsLogger:
         world_size: int,
         resume_step: int = 0,
         total_steps: int = 0,
+        trackers: list[Tracker] | None = None,
+        config_toml: str = "",
     ):
         self.device = device
         self.flops_per_token = flops_per_token
@@ -118,7 +122,8 @@ class MetricsLogger:
         self.tb_folder = tb_folder if enable_tensorboard else None
         self.resume_step = resume_step
         self.jsonl = None
-        self.tensorboard = None
+        self.trackers = list(trackers or [])  # W&B, MLflow: started at the first record
+        self.config_toml = config_toml  # the run's merged config, written beside its metrics
         self.warned_mfu = False
         self.reset()
 
@@ -132,13 +137,11 @@ class MetricsLogger:
             self._truncate(path, resume_step)
         self.jsonl = open(path, "a" if resume_step > 0 else "w")  # noqa: SIM115
         if self.tb_folder is not None:
-            from torch.utils.tensorboard import SummaryWriter
-
             # purge_step drops the events of the steps after resume_step the same way.
             purge = resume_step + 1 if resume_step > 0 else None
-            self.tensorboard = SummaryWriter(self.dump_folder / self.tb_folder, purge_step=purge)
+            self.trackers.insert(0, TensorBoardTracker(self.dump_folder / self.tb_folder, purge))
         if resume_step > 0:
-            self.jsonl.write(json.dumps({"step": resume_step, "resumed": True}) + "\n")
+            self._record({"step": resume_step, "resumed": True})
 
     @staticmethod
     def _truncate(path: Path, resume_step: int) -> None:
@@ -233,19 +236,27 @@ class MetricsLogger:
         self._write(step, record)
         return record
 
+    def log_event(self, record: dict[str, Any]) -> None:
+        """An event record (e.g. a loss spike, components/spikes.py) of ``record["step"]``."""
+        self._write(record["step"], record)
+
     def _write(self, step: int, record: dict[str, Any]) -> None:
         if self.writer and self.jsonl is None:
             self._open()
+            if self.config_toml:  # runnable again: --job.config_file dump_folder/config.toml
+                (self.dump_folder / "config.toml").write_text(self.config_toml)
         if self.jsonl is not None:
-            self.jsonl.write(json.dumps(record) + "\n")
-            self.jsonl.flush()
-        if self.tensorboard is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self.tensorboard.add_scalar(key, value, step)
+            self._record(record)
+
+    def _record(self, record: dict[str, Any]) -> None:
+        """One line of metrics.jsonl, and the same record to every tracker."""
+        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.flush()
+        for tracker in self.trackers:
+            tracker.log(record["step"], record)
 
     def close(self) -> None:
         if self.jsonl is not None:
             self.jsonl.close()
-        if self.tensorboard is not None:
-            self.tensorboard.close()
+            for tracker in self.trackers:
+                tracker.close()

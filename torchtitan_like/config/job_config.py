@@ -340,6 +340,27 @@ class Metrics:
     peak_tflops: float = ranged(0.0, ge=0)
     """Peak dense TFLOP/s of one device for MFU; 0 = GPU from the known table, CPU measured."""
 
+    enable_wandb: bool = False
+    """Send every metrics.jsonl record to Weights & Biases (rank 0; extra wandb; WANDB_MODE)."""
+
+    enable_mlflow: bool = False
+    """Send every metrics.jsonl record to MLflow (rank 0; extra mlflow)."""
+
+    project: str = ""
+    """W&B project and MLflow experiment; empty = WANDB_PROJECT, else torchtitan_like."""
+
+    run_name: str = ""
+    """Trackers' run name and group (a resume is a new run of it); empty = dump folder name."""
+
+    wandb_entity: str = ""
+    """W&B team or user the runs go to; empty = WANDB_ENTITY, else the account's default."""
+
+    mlflow_tracking_uri: str = ""
+    """MLflow tracking URI; empty = MLFLOW_TRACKING_URI, else a file store dump_folder/mlruns."""
+
+    straggler_threshold: float = ranged(0.2, ge=0)
+    """Warn when a rank's median step time in a log window is this fraction over the others'."""
+
 
 @dataclass
 class Validation:
@@ -351,6 +372,21 @@ class Validation:
 
     steps: int = ranged(10, ge=1)
     """Batches per validation pass; every pass reads the same ones, so passes compare."""
+
+
+@dataclass
+class Spike:
+    policy: Literal["off", "warn", "skip", "stop"] = "warn"
+    """On a loss/grad-norm spike: warn, skip (drop its update), stop (exit 3 on a streak), off."""
+
+    factor: float = ranged(15.0, gt=0)
+    """A spike: log(value) over the window's median log by factor x 1.4826 x MAD of the logs."""
+
+    window: int = ranged(50, ge=3)
+    """Steps in the running baseline (median and MAD); checks begin once it is full."""
+
+    max_consecutive: int = ranged(3, ge=1)
+    """stop: spikes in a row that end the run (earlier ones in the streak are skipped)."""
 
 
 @dataclass
@@ -370,6 +406,18 @@ class Debug:
     fault_point: Literal["step", "save"] = "step"
     """Fault injection: die after the step (step) or in the middle of its checkpoint (save)."""
 
+    spike_step: int = 0
+    """Fault injection: multiply this step's loss (so its gradients) by spike_scale; 0 = none."""
+
+    spike_scale: float = ranged(1e4, gt=0)
+    """Fault injection: the factor of spike_step's loss."""
+
+    slow_rank: int = -1
+    """Fault injection: this rank sleeps slow_rank_seconds in each data loading; -1 = none."""
+
+    slow_rank_seconds: float = ranged(0.2, gt=0)
+    """Fault injection: slow_rank's extra data-loading time per step."""
+
 
 @dataclass
 class JobConfig:
@@ -386,4 +434,5 @@ class JobConfig:
     profiling: Profiling = field(default_factory=Profiling)
     metrics: Metrics = field(default_factory=Metrics)
     validation: Validation = field(default_factory=Validation)
+    spike: Spike = field(default_factory=Spike)
     debug: Debug = field(default_factory=Debug)

@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import inspect
 import itertools
+import json
 import os
 import sys
 import traceback
@@ -379,26 +380,40 @@ coerce = _coerce
 """The same conversion for values checked outside the config's dataclasses (model overrides)."""
 
 
+def _toml_key(key: str) -> str:
+    """A bare TOML key when it may be one, else a quoted one."""
+    bare = bool(key) and all(c.isascii() and (c.isalnum() or c in "_-") for c in key)
+    return key if bare else json.dumps(key, ensure_ascii=False)
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, str):  # JSON's string escapes are all TOML basic-string escapes
+        return json.dumps(value, ensure_ascii=False)
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        items = ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items())
+        items = ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items())
         return "{ " + items + " }" if items else "{}"
     return repr(value)
 
 
+def to_dict(config: JobConfig) -> dict[str, dict[str, Any]]:
+    """Every section (registered ones included) as ``{section: {key: value}}``: the merged
+    config trackers record as a run's config."""
+    return {section: {f.name: getattr(getattr(config, section), f.name)
+                      for f in dataclasses.fields(getattr(config, section))}
+            for section in sections()}
+
+
 def to_toml(config: JobConfig) -> str:
-    """The full config as TOML, every field included: what --print_config shows."""
+    """The full config as TOML, every field included: what --print_config shows and
+    ``{dump_folder}/config.toml`` holds (``--job.config_file`` of it runs the same job)."""
     out = []
-    for section in sections():
+    for section, values in to_dict(config).items():
         out.append(f"[{section}]")
-        for f in dataclasses.fields(getattr(config, section)):
-            out.append(f"{f.name} = {_toml_value(getattr(getattr(config, section), f.name))}")
+        out += [f"{key} = {_toml_value(value)}" for key, value in values.items()]
         out.append("")
     return "\n".join(out)
 
@@ -455,5 +470,6 @@ __all__ = [
     "import_custom_modules",
     "reference_markdown",
     "sections",
+    "to_dict",
     "to_toml",
 ]

@@ -48,7 +48,6 @@ UNSUPPORTED: dict[str, str] = {
     "job.use_for_integration_test": "TorchTitan's integration-test registry has no counterpart; "
                                     "delete it",
     "metrics.disable_color_printing": "logs are plain text; delete it",
-    "metrics.enable_wandb": "metrics go to metrics.jsonl and TensorBoard only",
     "metrics.save_for_all_ranks": "rank 0 writes the job's metrics (they are global)",
     "model.norm_type": "the norm is part of the model (llama3: RMSNorm)",
     "model.print_after_conversion": "the start-up log names the parameter count and layout",

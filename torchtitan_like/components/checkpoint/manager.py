@@ -109,6 +109,7 @@ class CheckpointManager:
             "train_state": self.train_state,
         }
         self.records: list[SaveRecord] = []
+        self._postponed = False  # a due save waits for a step that is not a spike
         self.loaded_from: Path | None = None
         self._in_flight: Future | None = None
         self._staging: Future | None = None
@@ -272,10 +273,20 @@ class CheckpointManager:
             "torch": torch.__version__,
         }
 
-    def save(self, step: int, last: bool = False) -> None:
-        """Save after ``step`` when due: every ``interval`` steps and after the last one."""
-        if not self.c.enable or not (last or step % self.c.interval == 0):
+    def save(self, step: int, last: bool = False, postpone: bool = False) -> None:
+        """Save after ``step`` when due: every ``interval`` steps and after the last one.
+        ``postpone`` (a loss spike at ``step``, components/spikes.py): a due save waits for the
+        next call without it, so that no checkpoint holds a spike's state."""
+        due = last or step % self.c.interval == 0 or self._postponed
+        if not self.c.enable or not due:
             return
+        if postpone:
+            self._postponed = True
+            logger.warning(f"checkpoint of step {step} postponed: step {step} was a spike"
+                           + ("; it was the last step, so no checkpoint is written of it"
+                              if last else ""))
+            return
+        self._postponed = False
         self._wait()
         start = time.perf_counter()
         if last and self.c.last_save_model_only:
