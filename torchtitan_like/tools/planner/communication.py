@@ -5,7 +5,8 @@ all-reduce. FSDP all-gathers parameters (twice with reshard: forward and backwar
 reduce-scatters gradients; HSDP all-reduces the shard across replicas; TP with sequence
 parallelism all-gathers and reduce-scatters sbh twice per layer forward and twice backward
 (Korthikanti et al., 2022), again in a recomputed forward; CP passes K and V around the ring
-(and their gradients back); PP sends a microbatch's activations forward and its gradient back,
+in every forward and backward and the fp32 K/V gradients back (ring.py); PP sends a
+microbatch's activations forward and its gradient back,
 once per model chunk; EP's all-to-alls dispatch and combine every MoE layer's routed tokens
 (tools/planner/moe.py: its formula), and FSDP gathers routed experts over the expert-FSDP ranks
 (efsdp = dp_shard x cp x tp / (ep x ETP)), 1/(ep x ETP) of them per GPU. Each ring step also
@@ -20,6 +21,7 @@ import dataclasses
 
 from torchtitan_like.tools.planner.inputs import Cluster, Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.moe import all_to_all_bytes, all_to_all_share, expert_split
+from torchtitan_like.tools.planner.ring import cp_traffic
 from torchtitan_like.tools.planner.schedule import busiest_rank_layers, checkpointed, rank_layers
 
 HOP_LATENCY_S = {"intra-node": 5e-6, "inter-node": 15e-6}
@@ -40,8 +42,11 @@ class Comm:
 
     @property
     def seconds(self) -> float:
-        return self.bytes_per_step / (self.bandwidth_gbps * 1e9) \
-            + self.hops * HOP_LATENCY_S[self.link]
+        return self.transfer(self.bytes_per_step, self.hops)
+
+    def transfer(self, nbytes: float, hops: float) -> float:
+        """Seconds ``nbytes`` take over this group's link in ``hops`` ring steps."""
+        return nbytes / (self.bandwidth_gbps * 1e9) + hops * HOP_LATENCY_S[self.link]
 
 
 def ring_volume(n: int, nbytes: float) -> float:
@@ -77,9 +82,8 @@ def communication(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
     # Innermost first: [pp, dp_replicate, dp_shard, cp, tp].
     tp_calls = microbatches * (8 * layers + 4 * recomputed)
     add("tp", t, t, tp_calls * ring_volume(t, sbh / cp), tp_calls * (t - 1))
-    kv = tokens / cp * m.q_dim / t * prec.compute_bytes  # K or V chunk (repeated heads)
-    cp_calls = microbatches * (3 * layers + recomputed) * (cp - 1)  # K and V travel together
-    add("cp", cp, t * cp, 2 * cp_calls * kv, cp_calls)
+    if cp > 1:  # K/V forward and backward, their gradients back (ring.py)
+        add("cp", cp, t * cp, *cp_traffic(m, work, layout, microbatches, layers, recomputed))
     n = layout.fsdp_degree
     syncs = 1 if pp > 1 else microbatches  # pipelined FSDP reduces once per step
     gathers = _gathers(layout, microbatches)
