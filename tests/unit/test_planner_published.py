@@ -73,7 +73,8 @@ def test_every_row_states_its_source_and_inputs():
 
 def test_docs_tables_and_the_ttl_plan_record_are_current(judged):
     docs = (ROOT / "docs" / "planner-throughput.md").read_text()
-    assert all_tables(TABLE, judged) in docs, "regenerate: python scripts/plan_published.py"
+    for table in all_tables(TABLE, judged).split("\n\n"):
+        assert table in docs, "regenerate: python scripts/plan_published.py"
     fresh = record(TABLE)
     assert fresh.keys() == HELD_OUT.keys(), "python scripts/plan_published.py --record"
     for name, (throughput, memory, shares) in fresh.items():

@@ -37,7 +37,7 @@ from torchtitan_like.tools.planner import (
     why_better,
 )
 from torchtitan_like.tools.planner.step_time import ASYNC_TP
-from torchtitan_like.tools.planner.uncertainty import expected_band, least_certain
+from torchtitan_like.tools.planner.uncertainty import expected_band, least_certain, memory_band
 
 SCHEDULES = ["1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
              "ZBVZeroBubble", "DualPipeV"]
@@ -254,7 +254,7 @@ def _header(model: ModelShape, cluster: Cluster, work: Workload, args: argparse.
 
 
 def _memory_lines(result: Plan, work: Workload, args: argparse.Namespace) -> list[str]:
-    mem, lay, prec = result.memory, result.layout, work.precision
+    mem, lay, prec, held = result.memory, result.layout, work.precision, memory_band()
     names = {4: "fp32", 2: "bf16"}
     states = prec.optimizer_states * prec.master_bytes
     return [
@@ -268,7 +268,8 @@ def _memory_lines(result: Plan, work: Workload, args: argparse.Namespace) -> lis
         f"({result.capacity_gib:g} GiB less {args.headroom:.0%} headroom)",
         f"  reserved by the CUDA caching allocator, estimated: {result.reserved_estimate / GiB:.1f}"
         f" GiB (x{result.calibration.allocator_reserve:g}, calibrated on published runs' "
-        "max_reserved)",
+        f"max_reserved; held out on {held.runs} of them: {held.low - 1:+.0%} to "
+        f"{held.high - 1:+.0%})",
         f"  bytes per parameter: {names[prec.master_bytes]} weights {prec.master_bytes} + "
         f"gradients {prec.master_bytes} + Adam states {states} = "
         f"{2 * prec.master_bytes + states}, sharded over {lay.tp} (TP) x {lay.pp} (PP) x "

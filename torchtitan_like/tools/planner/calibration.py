@@ -28,7 +28,7 @@ class Calibration:
     """The same with compiled blocks (inductor fuses element-wise kernels). Null: the eager
     passes (compiling changes nothing)."""
     ring_efficiency: float = 0.583
-    """Share of the attention kernels' rate (step_time.ATTENTION_EFFICIENCY) that torch's ring
+    """Share of the attention kernels' rate (``GPU.attention_efficiency``) that torch's ring
     attention reaches on the steps after its first (each a received K/V chunk, half of it
     needed: ring.py), with what the ring model does not count. Null: 1 (those steps attend
     as fast as the first)."""

@@ -10,8 +10,9 @@ microbatch's activations forward and its gradient back,
 once per model chunk; EP's all-to-alls dispatch and combine every MoE layer's routed tokens
 (tools/planner/moe.py: its formula), and FSDP gathers routed experts over the expert-FSDP ranks
 (efsdp = dp_shard x cp x tp / (ep x ETP)), 1/(ep x ETP) of them per GPU. Each ring step also
-costs a hop latency (``HOP_LATENCY_S``). A group whose ranks fit in one node (the mesh is [pp,
-dp_replicate, dp_shard, cp, tp], TP innermost) uses the intra-node link. How much of each
+costs a hop latency (``GPU.intra_node_latency_s`` / ``inter_node_latency_s``). A group whose
+ranks fit in one node (the mesh is [pp, dp_replicate, dp_shard, cp, tp], TP innermost) uses
+the intra-node link. How much of each
 transfer the step waits for is step_time.py's business.
 """
 
@@ -24,11 +25,6 @@ from torchtitan_like.tools.planner.moe import all_to_all_bytes, all_to_all_share
 from torchtitan_like.tools.planner.ring import cp_traffic
 from torchtitan_like.tools.planner.schedule import busiest_rank_layers, checkpointed, rank_layers
 
-HOP_LATENCY_S = {"intra-node": 5e-6, "inter-node": 15e-6}
-"""Seconds each step of a ring (one hop) costs beside its bytes: an assumption of the order of
-NCCL's per-hop latency over NVLink and InfiniBand, not a measurement. It is what makes a ring
-over thousands of ranks slow even when its bytes are few."""
-
 
 @dataclasses.dataclass
 class Comm:
@@ -38,7 +34,9 @@ class Comm:
     bandwidth_gbps: float
     bytes_per_step: float
     hops: float = 0.0
-    """Ring steps per optimizer step, each costing HOP_LATENCY_S of its link."""
+    """Ring steps per optimizer step, each costing ``latency_s``."""
+    latency_s: float = 0.0
+    """Seconds one ring step (hop) of this link costs beside its bytes (GPU.*_latency_s)."""
 
     @property
     def seconds(self) -> float:
@@ -46,7 +44,7 @@ class Comm:
 
     def transfer(self, nbytes: float, hops: float) -> float:
         """Seconds ``nbytes`` take over this group's link in ``hops`` ring steps."""
-        return nbytes / (self.bandwidth_gbps * 1e9) + hops * HOP_LATENCY_S[self.link]
+        return nbytes / (self.bandwidth_gbps * 1e9) + hops * self.latency_s
 
 
 def ring_volume(n: int, nbytes: float) -> float:
@@ -54,11 +52,13 @@ def ring_volume(n: int, nbytes: float) -> float:
     return (n - 1) / n * nbytes
 
 
-def link(cluster: Cluster, span: int) -> tuple[str, float]:
-    """The link and GB/s of a group spanning ``span`` consecutive ranks."""
+def link(cluster: Cluster, span: int) -> tuple[str, float, float]:
+    """The link, its GB/s and its hop latency for a group spanning ``span`` consecutive
+    ranks."""
+    gpu = cluster.gpu
     if span <= cluster.gpus_per_node:
-        return "intra-node", cluster.gpu.intra_node_gbps
-    return "inter-node", cluster.gpu.inter_node_gbps
+        return "intra-node", gpu.intra_node_gbps, gpu.intra_node_latency_s
+    return "inter-node", gpu.inter_node_gbps, gpu.inter_node_latency_s
 
 
 def communication(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout,
@@ -76,8 +76,8 @@ def communication(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
 
     def add(dim: str, group: int, span: int, nbytes: float, hops: float) -> None:
         if group > 1:
-            name, bandwidth = link(cluster, span)
-            comms.append(Comm(dim, group, name, bandwidth, nbytes, hops))
+            name, bandwidth, latency = link(cluster, span)
+            comms.append(Comm(dim, group, name, bandwidth, nbytes, hops, latency))
 
     # Innermost first: [pp, dp_replicate, dp_shard, cp, tp].
     tp_calls = microbatches * (8 * layers + 4 * recomputed)
@@ -126,6 +126,6 @@ def _add_all_to_all(comms: list[Comm], m: ModelShape, cluster: Cluster, work: Wo
     volume = all_to_all_bytes(tokens, m.top_k, m.dim, work.precision.compute_bytes,
                               moe_layers, recomputed) * microbatches
     _, share = all_to_all_share(layout.ep, cluster.gpus_per_node)
-    name, bandwidth = link(cluster, layout.ep)  # the EP ranks are consecutive (ETP 1)
+    name, bandwidth, latency = link(cluster, layout.ep)  # the EP ranks are consecutive (ETP 1)
     calls = 2 * microbatches * (2 * moe_layers + recomputed)
-    comms.append(Comm("ep", layout.ep, name, bandwidth, volume * share, calls))
+    comms.append(Comm("ep", layout.ep, name, bandwidth, volume * share, calls, latency))

@@ -1,9 +1,9 @@
 """Held-out validation of the planner against published runs (docs/planner-throughput.md).
 
-Each fitted number of ``Calibration`` is fitted on the published rows ``FIT_ROWS`` names, in
-the order given (each fit uses the values fitted before it): the value that minimises the sum
-of squared log ratios, predicted over published, over its rows (tokens/s or MFU for the
-step-time numbers, the reserved peak for the allocator's). Leave-one-out: every row is
+Each fitted number of ``Calibration`` is fitted on the published rows ``FIT_ROWS`` names: the
+value that minimises the sum of squared log ratios, predicted over published, over its rows
+(tokens/s or MFU for the step-time numbers, fitted together by sweeps; the reserved peak for
+the allocator's, in closed form). Leave-one-out: every row is
 predicted with every number refitted on the rows that remain, so no row is judged by a number
 fitted to it. A fitted number earns its place when, replaced by its null
 (``calibration.NULLS``) and the others refitted the same way, the held-out table gets worse:
@@ -35,8 +35,8 @@ FIT_ROWS: dict[str, tuple[str, ...]] = {
     "allocator_reserve": tuple(run.name for run in PUBLISHED_RUNS if run.memory_gib),
 }
 """The rows each fitted number is fitted on: TorchTitan's eager and compiled 8B runs (bf16,
-where the memory-bound kernels are the largest unknown), every run at 32K tokens or more
-(where attention is), every run that publishes its memory."""
+where the memory-bound kernels are the largest unknown), every run with torch's ring attention
+(CP > 1), every run that publishes its memory."""
 
 BOUNDS: dict[str, tuple[float, float]] = {
     "eager_passes": (0.0, 200.0),
@@ -56,8 +56,8 @@ SWEEPS = 4
 @dataclasses.dataclass
 class Row:
     """One published run with what the planner computes of it once (the shapes, the
-    microbatches, the communication volumes, the live memory peak): only the fitted
-    numbers change between evaluations."""
+    microbatches, the communication volumes, the plan and its live memory peak): only the
+    fitted numbers change between evaluations."""
 
     run: PublishedRun
     model: ModelShape
@@ -86,14 +86,9 @@ class Row:
         """Predicted over published reserved peak."""
         return self.live_peak * calibration.allocator_reserve / (self.run.memory_gib * GiB)
 
-    def ratio(self, name: str, calibration: Calibration) -> float:
-        """The ratio the fitted number ``name`` is fitted to."""
-        if name == "allocator_reserve":
-            return self.memory_ratio(calibration)
-        return self.throughput_ratio(calibration)
-
 
 def row(run: PublishedRun) -> Row:
+    """``run`` planned once with the shipped calibration."""
     model = ModelShape.from_args(get_model_args(get_model_spec(run.model), run.flavor))
     microbatches = validate_layout(model, run.cluster, run.work, run.layout)
     return Row(run, model, microbatches,

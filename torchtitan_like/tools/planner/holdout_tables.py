@@ -70,7 +70,7 @@ def calibration_table(judged: Sequence[Justification]) -> str:
              "(summed abs. log error) |", "| --- | ---: | --- | --- | --- |"]
     for j in judged:
         rows = FIT_ROWS[j.name]
-        named = ", ".join(rows) if len(rows) <= 3 else f"{len(rows)} rows (above)"
+        named = "; ".join(rows) if len(rows) <= 3 else f"{len(rows)} rows (above)"
         verdict = "kept" if j.justified else "NOT JUSTIFIED"
         lines.append(f"| `{j.name}` | {getattr(CALIBRATION, j.name):g} | {named} | "
                      f"{NULLS[j.name]} | {j.improves:.3f} / {j.harms:.3f}: {verdict} |")

@@ -54,6 +54,18 @@ class GPU:
     """16-bit queries, keys and values are attended in fp32 and the output cast back (this
     project's CPU attention, models/attention.py): op-level AC then keeps the kernel's fp32
     output."""
+    attention_efficiency: float = 0.35
+    """Share of ``peak_tflops`` the attention kernels reach, forward and backward (the
+    backward counted at 2.5 x the forward's FLOPs): FlashAttention-2 reaches about 35% of an
+    H100's bf16 peak (Shah et al., "FlashAttention-3", 2024, section 1), PyTorch's SDPA runs
+    FA2-class kernels; every GPU preset takes it (no per-GPU source)."""
+    intra_node_latency_s: float = 5e-6
+    """Seconds each ring step (hop) in a node costs beside its bytes; with
+    ``inter_node_latency_s``, an assumption of the order of NCCL's per-hop latency over NVLink
+    and InfiniBand, not a measurement: what makes a ring over thousands of ranks slow even
+    when its bytes are few."""
+    inter_node_latency_s: float = 15e-6
+    """The same between nodes."""
 
 
 # Peaks: vendor datasheets (dense, no sparsity). gemm_efficiency: the "Maximum Achievable

@@ -9,7 +9,7 @@
     attention   QK^T and AV: a causal flash kernel computes half the score matrix, forward
                 4 s^2 q / 2 per sequence and layer, backward 2.5 x that (ring.py:
                 FLASH_BACKWARD_FLOPS; the model's flops_per_token counts 2 x, as MFU does),
-                at ATTENTION_EFFICIENCY of the bf16 peak; under CP each rank computes 1/cp
+                at ``gpu.attention_efficiency`` of the bf16 peak; under CP each rank computes 1/cp
                 of it, the ring's steps on received chunks at the calibrated share of that
                 rate (the busiest rank more without a load balancer: ring.py)
     memory_bound  the blocks' element-wise kernels: the calibrated passes x the bytes of the
@@ -65,11 +65,6 @@ from torchtitan_like.tools.planner.schedule import (
     checkpointed,
     rank_layers,
 )
-
-ATTENTION_EFFICIENCY = 0.35
-"""FlashAttention-2 reaches about 35% of an H100's bf16 peak (Shah et al., "FlashAttention-3",
-2024, section 1); PyTorch's SDPA runs FA2-class kernels. Used for every GPU, forward and
-backward (the backward counted at 2.5 x the forward's FLOPs)."""
 
 ASYNC_TP = ("async TP: no time credited: fitted on the published runs with it, the share of TP's "
             "collectives it hides comes out 0 (docs/planner-throughput.md)")
@@ -137,7 +132,7 @@ def _gemm_time(m: ModelShape, cluster: Cluster, layout: Layout, tokens: float
 
 def attention_rate(cluster: Cluster) -> float:
     """FLOP/s of the attention kernels."""
-    return cluster.gpu.peak_tflops * 1e12 * ATTENTION_EFFICIENCY
+    return cluster.gpu.peak_tflops * 1e12 * cluster.gpu.attention_efficiency
 
 
 def compute_times(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout,

@@ -83,6 +83,12 @@ def expected_band(layout: Layout) -> Band:
     return Band(min(ratios), max(ratios), len(like), basis)
 
 
+def memory_band() -> Band:
+    """The held-out reserved-memory ratios of every published run with memory."""
+    ratios = [memory for _, memory, _ in HELD_OUT.values() if memory is not None]
+    return Band(min(ratios), max(ratios), len(ratios), "")
+
+
 @dataclasses.dataclass(frozen=True)
 class Term:
     """The step-time term least certain for a plan."""
