@@ -287,3 +287,45 @@ def test_cli_errors(capsys):
     assert "--flavor" in capsys.readouterr().err
     assert plan_cli.main(["--flavor", "8B", "--num_gpus", "8", "--tp", "3"]) == 2
     assert "do not divide" in capsys.readouterr().err
+
+
+def test_cli_prints_its_expected_error_and_least_certain_term(capsys):
+    """The band is the held-out ratios of the published runs using the layout's parallel
+    dimensions (all of them for plain FSDP), applied to the prediction; a layout beyond the
+    published CP runs names its CP term as not validated."""
+    from torchtitan_like.tools.planner.heldout_record import HELD_OUT
+
+    assert plan_cli.main(["--flavor", "70B", "--num_gpus", "512", "--seq_len", "8192",
+                          "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    ratios = [ratio for ratio, _, _ in HELD_OUT.values()]
+    band = data["expected_error"]
+    assert (band["held_out_ratio_low"], band["held_out_ratio_high"]) == (min(ratios),
+                                                                         max(ratios))
+    tps = data["tokens_per_second_per_gpu"]
+    assert band["tokens_per_second_per_gpu"] == pytest.approx([tps / max(ratios),
+                                                               tps / min(ratios)])
+    assert plan_cli.main(["--flavor", "8B", "--num_gpus", "16", "--cp", "16", "--seq_len",
+                          "1048576", "--global_batch", "1", "--ac", "full"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "Expected error:" in out and "published runs using cp" in out
+    assert "Least certain term: cp ring" in out and "not validated: beyond the published" in out
+
+
+def test_cli_takes_the_published_runs_policies(capsys):
+    """Each policy a published row carries is a flag too, reaching the planned layout, and
+    refused where it would mean nothing."""
+    assert plan_cli.main(["--flavor", "8B", "--num_gpus", "8", "--ac", "op",
+                          "--op_sac_every_other_matmul", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["layout"]["op_sac_every_other_matmul"]
+    assert plan_cli.main(["--flavor", "8B", "--num_gpus", "8", "--ac", "full",
+                          "--op_sac_every_other_matmul"]) == 2
+    assert "needs ac op" in capsys.readouterr().err
+    assert plan_cli.main(["--flavor", "405B", "--num_gpus", "512", "--tp", "8", "--pp", "8",
+                          "--pp_schedule", "Interleaved1F1B", "--pp_virtual_stages", "4",
+                          "--pp_microbatches", "16", "--local_batch_size", "2",
+                          "--global_batch", "256", "--ac", "full", "--pp_reduce_before_send",
+                          "--json"]) in (0, 1)
+    layout = json.loads(capsys.readouterr().out)["layout"]
+    assert (layout["pp_virtual_stages"], layout["pp_microbatches"],
+            layout["pp_reduce_before_send"]) == (4, 16, True)

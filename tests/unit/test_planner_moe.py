@@ -22,6 +22,7 @@ from torchtitan_like.tools import plan_cli
 from torchtitan_like.tools.planner import (
     CPU,
     GPUS,
+    Calibration,
     Cluster,
     Comm,
     Layout,
@@ -37,6 +38,8 @@ from torchtitan_like.tools.planner import (
 from torchtitan_like.tools.planner import step_time as st
 from torchtitan_like.tools.planner.attention import attention_elements, kernel_bytes, math_attention
 from torchtitan_like.tools.planner.moe import expert_split, routed_forward_share
+
+NO_MEMORY_BOUND = Calibration(eager_passes=0.0, compiled_passes=0.0)
 
 V3 = ModelShape.from_args(deepseek_v3_flavors["671B"])
 QWEN = ModelShape.from_args(qwen3_flavors["30B-A3B"])
@@ -57,10 +60,9 @@ def test_total_and_active_parameters():
         (48, 8, 768, 8 * 768)
 
 
-def test_gemm_time_follows_the_active_parameters(monkeypatch):
-    monkeypatch.setattr(st, "MEMORY_BOUND_PASSES", {"eager": 0.0, "compiled": 0.0})
+def test_gemm_time_follows_the_active_parameters():
     work = Workload(seq_len=4096, global_batch=1)
-    step = estimate_step_time(QWEN, Cluster(H100, 1), work, Layout(), 1, [])
+    step = estimate_step_time(QWEN, Cluster(H100, 1), work, Layout(), 1, [], NO_MEMORY_BOUND)
     assert step.gemm == pytest.approx(4096 * 6 * QWEN.active_params / (989e12 * 0.801))
 
 
@@ -107,28 +109,26 @@ def test_all_to_all_volume_and_link():
     assert all(c.dim != "ep" for c in dense_only)
 
 
-def test_all_to_all_is_exposed_and_stretches_the_bubble(monkeypatch):
-    monkeypatch.setattr(st, "MEMORY_BOUND_PASSES", {"eager": 0.0, "compiled": 0.0})
+def test_all_to_all_is_exposed_and_stretches_the_bubble():
     work, layout = Workload(seq_len=4096, global_batch=12), Layout(pp=4, dp_shard=1)
     cluster = Cluster(H100, 4)
-    base = estimate_step_time(QWEN, cluster, work, layout, 12, [])
+    base = estimate_step_time(QWEN, cluster, work, layout, 12, [], NO_MEMORY_BOUND)
     a2a = Comm("ep", 4, "intra-node", 450, 450e9 * 0.5)
-    step = estimate_step_time(QWEN, cluster, work, layout, 12, [a2a])
+    step = estimate_step_time(QWEN, cluster, work, layout, 12, [a2a], NO_MEMORY_BOUND)
     assert step.ep == pytest.approx(0.5)
     assert step.bubble == pytest.approx((base.compute + 0.5) * (3 / 15) / (1 - 3 / 15))
 
 
-def test_an_overlapping_schedule_hides_the_all_to_all_behind_compute(monkeypatch):
+def test_an_overlapping_schedule_hides_the_all_to_all_behind_compute():
     """``ep_overlapped`` (DeepSeek's DualPipe, a published run's input): the all-to-all costs
     only what exceeds the compute of the microbatch it overlaps, and the bubble no longer
     carries it."""
-    monkeypatch.setattr(st, "MEMORY_BOUND_PASSES", {"eager": 0.0, "compiled": 0.0})
     work, cluster = Workload(seq_len=4096, global_batch=12), Cluster(H100, 4)
     layout = Layout(pp=4, dp_shard=1, ep_overlapped=True)
-    base = estimate_step_time(QWEN, cluster, work, layout, 12, [])
+    base = estimate_step_time(QWEN, cluster, work, layout, 12, [], NO_MEMORY_BOUND)
     for seconds, exposed in ((0.5, 0.0), (base.compute + 0.25, 0.25)):
         a2a = Comm("ep", 4, "intra-node", 450, 450e9 * seconds)
-        step = estimate_step_time(QWEN, cluster, work, layout, 12, [a2a])
+        step = estimate_step_time(QWEN, cluster, work, layout, 12, [a2a], NO_MEMORY_BOUND)
         assert step.ep == pytest.approx(exposed)
         assert step.bubble == pytest.approx((base.compute + exposed) * (3 / 15) / (1 - 3 / 15))
 
@@ -282,14 +282,14 @@ def test_attention_count_is_what_autograd_saves_on_cpu(family):
     assert _saved_elements_per_token(module, x, rope) == planned
 
 
-def test_op_sac_recomputes_the_routed_experts(monkeypatch):
+def test_op_sac_recomputes_the_routed_experts():
     """Op-level SAC keeps no routed-expert tensor, so backward reruns their grouped GEMMs: one
     forward, 2 x 58 MoE layers x top-8 x 3 x 7168 x 2048 FLOPs per token, a share of the
     6 FLOPs per active weight the GEMM time is made of."""
-    monkeypatch.setattr(st, "MEMORY_BOUND_PASSES", {"eager": 0.0, "compiled": 0.0})
     share = 2 * 58 * 8 * 3 * 7168 * 2048 / (6 * V3.active_params)
     assert routed_forward_share(V3) == pytest.approx(share)
     assert routed_forward_share(ModelShape.from_args(SMALL_QWEN3)) == 0.0
     work, cluster = Workload(seq_len=4096, global_batch=8), Cluster(H100, 1)
-    gemm, _, _, recompute = st.compute_times(V3, cluster, work, Layout(dp_shard=8, ac="op"))
+    gemm, _, _, recompute = st.compute_times(V3, cluster, work, Layout(dp_shard=8, ac="op"),
+                                         NO_MEMORY_BOUND)
     assert recompute == pytest.approx(gemm * share)

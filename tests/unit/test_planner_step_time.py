@@ -15,6 +15,7 @@ from torchtitan_like.models.llama3.args import llama3_flavors
 from torchtitan_like.tools import plan_cli
 from torchtitan_like.tools.planner import (
     GPUS,
+    Calibration,
     Cluster,
     Comm,
     Layout,
@@ -41,51 +42,55 @@ MATMUL_FLOPS = 6 * 7_504_924_672 * SEQ
 ATTENTION_FLOPS = 12 * 32 * 4096 * SEQ * SEQ
 
 
-@pytest.fixture
-def no_memory_bound(monkeypatch):
-    monkeypatch.setattr(st, "MEMORY_BOUND_PASSES", {"eager": 0.0, "compiled": 0.0})
+NO_MEMORY_BOUND = Calibration(eager_passes=0.0, compiled_passes=0.0)
+FLASH = ATTENTION_FLOPS / 6 * 3.5 / (989e12 * 0.35)
+"""The causal forward is a sixth of the counted (full-score, 2x backward) FLOPs; forward and
+backward of a flash kernel are 1 + 2.5 forwards."""
 
 
-def parts(layout=None, comms=(), microbatches=1, cluster=ONE, work=WORK):
-    return estimate_step_time(M8B, cluster, work, layout or Layout(), microbatches, list(comms))
+def parts(layout=None, comms=(), microbatches=1, cluster=ONE, work=WORK,
+          calibration=NO_MEMORY_BOUND):
+    return estimate_step_time(M8B, cluster, work, layout or Layout(), microbatches, list(comms),
+                              calibration)
 
 
-def test_gemm_at_the_gpus_measured_matmul_rate(no_memory_bound):
+def test_gemm_at_the_gpus_measured_matmul_rate():
     assert M8B.num_params == 8_030_261_248
     assert parts().gemm == pytest.approx(MATMUL_FLOPS / (989e12 * 0.801))
 
 
-def test_float8_runs_the_blocks_linears_at_fp8_and_the_head_in_bf16(no_memory_bound):
+def test_float8_runs_the_blocks_linears_at_fp8_and_the_head_in_bf16():
+    """Float8 linears at the bf16 matmul efficiency's share of the fp8 peak (a fitted share
+    was not justified by the held-out table)."""
     head = 6 * 128256 * 4096 * SEQ
-    expected = head / (989e12 * 0.801) + (MATMUL_FLOPS - head) / (1979e12 * 0.825)
+    expected = head / (989e12 * 0.801) + (MATMUL_FLOPS - head) / (1979e12 * 0.801)
     assert parts(Layout(float8=True)).gemm == pytest.approx(expected)
 
 
-def test_attention_computes_half_the_causal_scores(no_memory_bound):
-    assert parts().attention == pytest.approx(ATTENTION_FLOPS / 2 / (989e12 * 0.35))
+def test_attention_forward_causal_backward_two_and_a_half_forwards():
+    assert parts().attention == pytest.approx(FLASH)
 
 
-def test_memory_bound_kernels_at_hbm_bandwidth(no_memory_bound, monkeypatch):
-    monkeypatch.setattr(st, "MEMORY_BOUND_PASSES", {"eager": 10.0, "compiled": 5.0})
-    flash = ATTENTION_FLOPS / 2 / (989e12 * 0.35)
+def test_memory_bound_kernels_at_hbm_bandwidth():
+    passes = Calibration(eager_passes=10.0, compiled_passes=5.0)
     # No TP, fused norms: 2 x (4,096 + 4,096) + 4 x 4,096 + 4 x 14,336 elements per layer.
     elements = (2 * 8192 + 4 * 4096 + 4 * 14336) * 32
-    for compiled, passes in ((False, 10), (True, 5)):
-        extra = SEQ * elements * 2 * passes / 3.35e12
-        p = parts(Layout(compile=compiled))
-        assert (p.attention, p.memory_bound) == pytest.approx((flash, extra))
+    for compiled, n in ((False, 10), (True, 5)):
+        extra = SEQ * elements * 2 * n / 3.35e12
+        p = parts(Layout(compile=compiled), calibration=passes)
+        assert (p.attention, p.memory_bound) == pytest.approx((FLASH, extra))
 
 
-def test_recompute_one_forward_of_the_checkpointed_blocks(no_memory_bound):
+def test_recompute_one_forward_of_the_checkpointed_blocks():
     head = 6 * 128256 * 4096 * SEQ / (989e12 * 0.801)
-    p = parts(Layout(ac="full"))
-    assert p.recompute == pytest.approx((p.gemm - head + p.attention + p.memory_bound) / 3)
-    every_2nd = parts(Layout(ac="2"))  # 16 of 32 blocks
-    assert every_2nd.recompute == pytest.approx(p.recompute / 2)
+    p = parts(Layout(ac="full"), calibration=Calibration(eager_passes=10.0))
+    assert p.recompute == pytest.approx((p.gemm - head + p.memory_bound) / 3 + p.attention / 3.5)
+    every_2nd = parts(Layout(ac="2"), calibration=Calibration(eager_passes=10.0))
+    assert every_2nd.recompute == pytest.approx(p.recompute / 2)  # 16 of 32 blocks
     assert parts(Layout(ac="op")).recompute == 0
 
 
-def test_torchtitans_op_policy_recomputes_every_other_matmul(no_memory_bound):
+def test_torchtitans_op_policy_recomputes_every_other_matmul():
     """TorchTitan's op-level policy saves wq, wv, w1, w2 and recomputes wk, wo, w3: one more
     forward of (1,024 + 4,096 + 14,336) of a block's (2 x 4,096 + 2 x 1,024 + 3 x 14,336)
     weight columns per row of dim; it keeps 4,096 (input) + 4,096 (wq) + 1,024 (wv) + 4,096
@@ -116,20 +121,13 @@ def test_published_run_inputs_are_refused_where_they_would_mean_nothing():
                                                op_sac_every_other_matmul=True))
 
 
-def test_collectives_exposure(no_memory_bound):
+def test_collectives_exposure():
     base = parts()
     compute = base.compute
     tp = Comm("tp", 8, "intra-node", 450, 450e9)  # 1 s
     assert parts(comms=[tp]).tp == pytest.approx(1.0)
-    # Async TP hides 0.262 of the TP time (TorchTitan's 70B pair), at most the gemm time:
-    # 0.738 of g / 2 stays exposed; of 5 g, 0.262 x 5 g = 1.31 g > g, so 5 g - g = 4 g.
-    async_tp = Layout(async_tp=True, compile=True, tp=8)
-    g = parts(async_tp).gemm
-    for seconds, exposed in ((g / 2, 0.738 * g / 2), (5 * g, 4 * g)):
-        comm = Comm("tp", 8, "intra-node", 450, 450e9 * seconds)
-        assert parts(async_tp, [comm]).tp == pytest.approx(exposed)
-    cp = Comm("cp", 2, "intra-node", 450, 450e9 * (base.attention + 0.5))
-    assert parts(comms=[cp]).cp == pytest.approx(0.5)  # what the attention does not cover
+    async_tp = Layout(async_tp=True, compile=True, tp=8)  # not credited (step_time.ASYNC_TP)
+    assert parts(async_tp, [tp]).tp == pytest.approx(1.0)
     fsdp = Comm("fsdp", 8, "intra-node", 450, 450e9 * (compute + 2.0))
     units = 32 + 2
     assert parts(comms=[fsdp]).fsdp == pytest.approx(2.0 + (compute + 2.0) / units)
@@ -137,7 +135,7 @@ def test_collectives_exposure(no_memory_bound):
     assert parts(comms=[pp]).pp == pytest.approx(0.25)
 
 
-def test_bubble_and_its_printed_formula(no_memory_bound):
+def test_bubble_and_its_printed_formula():
     layout = Layout(pp=4)
     work = Workload(seq_len=SEQ, global_batch=12)
     p = parts(layout, microbatches=12, cluster=Cluster(H100, 4), work=work)

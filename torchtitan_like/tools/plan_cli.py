@@ -20,7 +20,6 @@ from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.manager import build_job_config, import_custom_modules
 from torchtitan_like.distributed.utils import DTYPES
 from torchtitan_like.tools.planner import (
-    ALLOCATOR_RESERVE,
     GPUS,
     Cluster,
     GiB,
@@ -37,14 +36,39 @@ from torchtitan_like.tools.planner import (
     search,
     why_better,
 )
+from torchtitan_like.tools.planner.step_time import ASYNC_TP
+from torchtitan_like.tools.planner.uncertainty import expected_band, least_certain, memory_band
 
 SCHEDULES = ["1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
              "ZBVZeroBubble", "DualPipeV"]
+POLICIES: tuple[tuple[str, Any, str], ...] = (
+    ("pp_virtual_stages", int, "model chunks per pipeline rank of the multi-stage schedules "
+     "(default 2)"),
+    ("pp_microbatches", int, "microbatches per pipeline schedule step (default: all of a "
+     "step's in one schedule)"),
+    ("cp_load_balancer", ["headtail", "none"], "CP chunking: headtail (equal causal work) or "
+     "none (default headtail)"),
+    ("cp_rotate_method", ["allgather", "alltoall"], "how ring attention moves K/V (default "
+     "allgather, torch's)"),
+    ("cp_algorithm", ["ring", "gathered_kv"], "CP attention: ring (torch's, this platform's) "
+     "or gathered_kv (Llama 3's all-gather of grouped K/V; default ring)"),
+    ("op_sac_every_other_matmul", bool, "op-level AC saves every other matmul output "
+     "(TorchTitan's policy) instead of every one (this platform's)"),
+    ("pp_reduce_before_send", bool, "pipeline stages reduce FSDP gradients before sending "
+     "their last backward on (torch before 2025-10)"),
+    ("ep_overlapped", bool, "the schedule hides the EP all-to-all behind another microbatch "
+     "(DeepSeek's DualPipe)"),
+)
+"""Layout inputs that describe a run's own policies (the published runs carry them,
+tools/planner/published.py): flags named as the ``Layout`` fields, each pinned under --search;
+add a row here to expose a new one."""
 PINNABLE = ("tp", "cp", "pp", "dp_replicate", "dp_shard", "ac", "local_batch_size",
-            "pp_schedule", "compile", "float8", "async_tp", "ep")
+            "pp_schedule", "compile", "float8", "async_tp", "ep",
+            *(name for name, _, _ in POLICIES))
 """Layout flags that --search keeps when given."""
 KEPT_OPTIONS = ("local_batch_size", "loss_parallel", "reshard_after_forward", "cp_load_balancer",
-                "pp_embedding_weight", "pp_output_weight", "compile", "float8", "async_tp")
+                "cp_rotate_method", "pp_embedding_weight", "pp_output_weight", "compile",
+                "float8", "async_tp")
 """Options of the base layout (flags or --config) every searched layout keeps; a --config also
 keeps its pipeline schedule."""
 
@@ -107,8 +131,15 @@ def _layout_flags(lay: argparse._ArgumentGroup) -> None:
                      "op, full, or N (every N-th block); default auto")
     for name, what in (("compile", "compiled blocks (fused element-wise kernels)"),
                        ("float8", "Float8 linear layers (torchao)"),
-                       ("async_tp", "async TP (needs --compile)")):
+                       ("async_tp", "async TP (needs --compile; no time credited)")):
         lay.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, help=what)
+    for name, kind, what in POLICIES:
+        if kind is bool:
+            lay.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, help=what)
+        elif isinstance(kind, list):
+            lay.add_argument(f"--{name}", choices=kind, help=what)
+        else:
+            lay.add_argument(f"--{name}", type=kind, help=what)
 
 
 def _pick(flag: Any, fallback: Any) -> Any:
@@ -223,7 +254,7 @@ def _header(model: ModelShape, cluster: Cluster, work: Workload, args: argparse.
 
 
 def _memory_lines(result: Plan, work: Workload, args: argparse.Namespace) -> list[str]:
-    mem, lay, prec = result.memory, result.layout, work.precision
+    mem, lay, prec, held = result.memory, result.layout, work.precision, memory_band()
     names = {4: "fp32", 2: "bf16"}
     states = prec.optimizer_states * prec.master_bytes
     return [
@@ -235,8 +266,10 @@ def _memory_lines(result: Plan, work: Workload, args: argparse.Namespace) -> lis
             ("optimizer states", mem.optimizer), ("activations", mem.activations))),
         f"  total             {mem.total / GiB:8.2f} GiB  of {result.usable_gib:.1f} GiB usable "
         f"({result.capacity_gib:g} GiB less {args.headroom:.0%} headroom)",
-        f"  reserved by the CUDA caching allocator, estimated: {mem.reserved_estimate / GiB:.1f}"
-        f" GiB (x{ALLOCATOR_RESERVE:g}, calibrated on published runs' max_reserved)",
+        f"  reserved by the CUDA caching allocator, estimated: {result.reserved_estimate / GiB:.1f}"
+        f" GiB (x{result.calibration.allocator_reserve:g}, calibrated on published runs' "
+        f"max_reserved; held out on {held.runs} of them: {held.low - 1:+.0%} to "
+        f"{held.high - 1:+.0%})",
         f"  bytes per parameter: {names[prec.master_bytes]} weights {prec.master_bytes} + "
         f"gradients {prec.master_bytes} + Adam states {states} = "
         f"{2 * prec.master_bytes + states}, sharded over {lay.tp} (TP) x {lay.pp} (PP) x "
@@ -267,8 +300,24 @@ def _time_lines(result: Plan) -> list[str]:
         + " (compute parts, then exposed communication and bubble; docs/planner-throughput.md)",
         f"Throughput: {result.tokens_per_second_per_gpu:,.0f} tokens/s per GPU, MFU "
         f"{result.mfu_estimate:.1%} (model FLOPs over the bf16 peak)",
+        *_uncertainty_lines(result),
     ]
     return lines
+
+
+def _uncertainty_lines(result: Plan) -> list[str]:
+    band, term = expected_band(result.layout), least_certain(result)
+    low, high = band.actual(result.tokens_per_second_per_gpu)
+    mfu_low, mfu_high = band.actual(result.mfu_estimate)
+    return [
+        f"Expected error: {low:,.0f}-{high:,.0f} tokens/s per GPU, MFU {mfu_low:.1%}-"
+        f"{mfu_high:.1%}: the planner's held-out predictions of {band.runs} published runs"
+        f"{' ' + band.basis if band.basis else ''} were {band.low - 1:+.0%} to "
+        f"{band.high - 1:+.0%} of the published figures (docs/planner-throughput.md)",
+        f"Least certain term: {term.name} ({term.seconds:.3f} s, {term.share:.0%} of the "
+        f"step): {term.why}",
+        *([f"Note: {ASYNC_TP}"] if result.layout.async_tp else []),
+    ]
 
 
 def _cost_lines(result: Plan, model: ModelShape, cluster: Cluster, work: Workload,
@@ -277,12 +326,15 @@ def _cost_lines(result: Plan, model: ModelShape, cluster: Cluster, work: Workloa
     flops_6nd = 6 * model.params_6nd * work.tokens
     days_6nd = result.days * result.gpu_hours_6nd / result.gpu_hours
     source = "given" if args.mfu is not None else "estimated"
+    held = expected_band(result.layout)  # GPU-hours scale as 1 / throughput
+    band = "" if args.mfu is not None else \
+        f", held-out band {_si(result.gpu_hours * held.low)}-{_si(result.gpu_hours * held.high)}"
     return [
         f"Compute: C = 6ND = {flops_6nd:.3g} FLOPs; with attention at seq {work.seq_len} "
         f"({result.flops_per_token / 1e9:.1f} GFLOP/token, the trainer's MFU count) "
         f"{flops:.3g} FLOPs",
         f"GPU-hours: {_si(result.gpu_hours_6nd)} (6ND) | {_si(result.gpu_hours)} "
-        f"(with attention) at {result.mfu:.1%} MFU ({source})",
+        f"(with attention) at {result.mfu:.1%} MFU ({source}{band})",
         f"Days on {cluster.num_gpus} GPUs: {days_6nd:.1f} (6ND) | {result.days:.1f} "
         "(with attention)",
     ]
@@ -361,9 +413,21 @@ def main(argv: list[str] | None = None) -> int:
     except (LayoutError, ConfigError, ValueError) as e:
         print(f"plan error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(result.to_dict(), indent=1) if args.json
+    print(json.dumps(_with_uncertainty(result), indent=1) if args.json
           else format_plan(result, model, cluster, work, args))
     return 0 if result.fits else 1
+
+
+def _with_uncertainty(result: Plan) -> dict[str, Any]:
+    """The plan's JSON with its expected error band and least certain term."""
+    band, term = expected_band(result.layout), least_certain(result)
+    low, high = band.actual(result.tokens_per_second_per_gpu)
+    return {**result.to_dict(),
+            "expected_error": {"held_out_ratio_low": band.low, "held_out_ratio_high": band.high,
+                               "published_runs": band.runs, "basis": band.basis,
+                               "tokens_per_second_per_gpu": [low, high]},
+            "least_certain_term": {"name": term.name, "seconds": term.seconds,
+                                   "share": term.share, "error": term.error, "why": term.why}}
 
 
 if __name__ == "__main__":

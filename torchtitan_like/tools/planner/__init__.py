@@ -2,6 +2,8 @@
 training layout, and a search over layouts. Everything is arithmetic on the model's shapes;
 nothing is allocated.
 
+    calibration.py    the fitted numbers, passed as one value (each fitted on named published
+                      runs and judged on the others: holdout.py)
     inputs.py         GPU presets (with their sourced matmul efficiency), cluster, workload,
                       layout, model shapes
     moe.py            mixture-of-experts shapes (total vs active parameters) and the EP
@@ -13,6 +15,7 @@ nothing is allocated.
     attention.py      what each attention family keeps (Qwen3's q/k norms, DeepSeek's MLA)
     memory.py         the peak per pipeline rank, walked through its schedule
     communication.py  bytes per step per parallel dimension, and the link each uses
+    ring.py           ring attention under CP: steps, exposed K/V traffic, merges, memory
     step_time.py      the step time in named parts, tokens/s per GPU and MFU
     layout_plan.py    one layout, planned (and ``plan_fitting``: the least AC that fits)
     search.py         ranked layouts honouring pinned degrees and options
@@ -23,6 +26,7 @@ against published runs.
 """
 
 from torchtitan_like.tools.planner.activations import korthikanti_layer_bytes, layer_elements
+from torchtitan_like.tools.planner.calibration import CALIBRATION, Calibration
 from torchtitan_like.tools.planner.communication import Comm, communication, ring_volume
 from torchtitan_like.tools.planner.from_config import (
     ac_of,
@@ -44,7 +48,7 @@ from torchtitan_like.tools.planner.inputs import (
     check_ac,
 )
 from torchtitan_like.tools.planner.layout_plan import Plan, plan, plan_fitting
-from torchtitan_like.tools.planner.memory import ALLOCATOR_RESERVE, Memory, stage_memory
+from torchtitan_like.tools.planner.memory import Memory, stage_memory
 from torchtitan_like.tools.planner.rules import validate_layout
 from torchtitan_like.tools.planner.schedule import (
     bubble_formula,
@@ -58,10 +62,11 @@ from torchtitan_like.tools.planner.search import search, why_better
 from torchtitan_like.tools.planner.step_time import StepTime, estimate_step_time
 
 __all__ = [
-    "ALLOCATOR_RESERVE",
+    "CALIBRATION",
     "CPU",
     "GPU",
     "GPUS",
+    "Calibration",
     "Cluster",
     "Comm",
     "GiB",

@@ -5,12 +5,14 @@ all-reduce. FSDP all-gathers parameters (twice with reshard: forward and backwar
 reduce-scatters gradients; HSDP all-reduces the shard across replicas; TP with sequence
 parallelism all-gathers and reduce-scatters sbh twice per layer forward and twice backward
 (Korthikanti et al., 2022), again in a recomputed forward; CP passes K and V around the ring
-(and their gradients back); PP sends a microbatch's activations forward and its gradient back,
+in every forward and backward and the fp32 K/V gradients back (ring.py); PP sends a
+microbatch's activations forward and its gradient back,
 once per model chunk; EP's all-to-alls dispatch and combine every MoE layer's routed tokens
 (tools/planner/moe.py: its formula), and FSDP gathers routed experts over the expert-FSDP ranks
 (efsdp = dp_shard x cp x tp / (ep x ETP)), 1/(ep x ETP) of them per GPU. Each ring step also
-costs a hop latency (``HOP_LATENCY_S``). A group whose ranks fit in one node (the mesh is [pp,
-dp_replicate, dp_shard, cp, tp], TP innermost) uses the intra-node link. How much of each
+costs a hop latency (``GPU.intra_node_latency_s`` / ``inter_node_latency_s``). A group whose
+ranks fit in one node (the mesh is [pp, dp_replicate, dp_shard, cp, tp], TP innermost) uses
+the intra-node link. How much of each
 transfer the step waits for is step_time.py's business.
 """
 
@@ -20,12 +22,8 @@ import dataclasses
 
 from torchtitan_like.tools.planner.inputs import Cluster, Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.moe import all_to_all_bytes, all_to_all_share, expert_split
+from torchtitan_like.tools.planner.ring import cp_traffic
 from torchtitan_like.tools.planner.schedule import busiest_rank_layers, checkpointed, rank_layers
-
-HOP_LATENCY_S = {"intra-node": 5e-6, "inter-node": 15e-6}
-"""Seconds each step of a ring (one hop) costs beside its bytes: an assumption of the order of
-NCCL's per-hop latency over NVLink and InfiniBand, not a measurement. It is what makes a ring
-over thousands of ranks slow even when its bytes are few."""
 
 
 @dataclasses.dataclass
@@ -36,12 +34,17 @@ class Comm:
     bandwidth_gbps: float
     bytes_per_step: float
     hops: float = 0.0
-    """Ring steps per optimizer step, each costing HOP_LATENCY_S of its link."""
+    """Ring steps per optimizer step, each costing ``latency_s``."""
+    latency_s: float = 0.0
+    """Seconds one ring step (hop) of this link costs beside its bytes (GPU.*_latency_s)."""
 
     @property
     def seconds(self) -> float:
-        return self.bytes_per_step / (self.bandwidth_gbps * 1e9) \
-            + self.hops * HOP_LATENCY_S[self.link]
+        return self.transfer(self.bytes_per_step, self.hops)
+
+    def transfer(self, nbytes: float, hops: float) -> float:
+        """Seconds ``nbytes`` take over this group's link in ``hops`` ring steps."""
+        return nbytes / (self.bandwidth_gbps * 1e9) + hops * self.latency_s
 
 
 def ring_volume(n: int, nbytes: float) -> float:
@@ -49,11 +52,13 @@ def ring_volume(n: int, nbytes: float) -> float:
     return (n - 1) / n * nbytes
 
 
-def link(cluster: Cluster, span: int) -> tuple[str, float]:
-    """The link and GB/s of a group spanning ``span`` consecutive ranks."""
+def link(cluster: Cluster, span: int) -> tuple[str, float, float]:
+    """The link, its GB/s and its hop latency for a group spanning ``span`` consecutive
+    ranks."""
+    gpu = cluster.gpu
     if span <= cluster.gpus_per_node:
-        return "intra-node", cluster.gpu.intra_node_gbps
-    return "inter-node", cluster.gpu.inter_node_gbps
+        return "intra-node", gpu.intra_node_gbps, gpu.intra_node_latency_s
+    return "inter-node", gpu.inter_node_gbps, gpu.inter_node_latency_s
 
 
 def communication(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout,
@@ -71,15 +76,14 @@ def communication(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
 
     def add(dim: str, group: int, span: int, nbytes: float, hops: float) -> None:
         if group > 1:
-            name, bandwidth = link(cluster, span)
-            comms.append(Comm(dim, group, name, bandwidth, nbytes, hops))
+            name, bandwidth, latency = link(cluster, span)
+            comms.append(Comm(dim, group, name, bandwidth, nbytes, hops, latency))
 
     # Innermost first: [pp, dp_replicate, dp_shard, cp, tp].
     tp_calls = microbatches * (8 * layers + 4 * recomputed)
     add("tp", t, t, tp_calls * ring_volume(t, sbh / cp), tp_calls * (t - 1))
-    kv = tokens / cp * m.q_dim / t * prec.compute_bytes  # K or V chunk (repeated heads)
-    cp_calls = microbatches * (3 * layers + recomputed) * (cp - 1)  # K and V travel together
-    add("cp", cp, t * cp, 2 * cp_calls * kv, cp_calls)
+    if cp > 1:  # K/V forward and backward, their gradients back (ring.py)
+        add("cp", cp, t * cp, *cp_traffic(m, work, layout, microbatches, layers, recomputed))
     n = layout.fsdp_degree
     syncs = 1 if pp > 1 else microbatches  # pipelined FSDP reduces once per step
     gathers = _gathers(layout, microbatches)
@@ -122,6 +126,6 @@ def _add_all_to_all(comms: list[Comm], m: ModelShape, cluster: Cluster, work: Wo
     volume = all_to_all_bytes(tokens, m.top_k, m.dim, work.precision.compute_bytes,
                               moe_layers, recomputed) * microbatches
     _, share = all_to_all_share(layout.ep, cluster.gpus_per_node)
-    name, bandwidth = link(cluster, layout.ep)  # the EP ranks are consecutive (ETP 1)
+    name, bandwidth, latency = link(cluster, layout.ep)  # the EP ranks are consecutive (ETP 1)
     calls = 2 * microbatches * (2 * moe_layers + recomputed)
-    comms.append(Comm("ep", layout.ep, name, bandwidth, volume * share, calls))
+    comms.append(Comm("ep", layout.ep, name, bandwidth, volume * share, calls, latency))

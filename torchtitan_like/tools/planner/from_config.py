@@ -75,6 +75,7 @@ def from_job_config(config: JobConfig, num_gpus: int) -> tuple[ModelShape, Workl
                     loss_parallel=not p.disable_loss_parallel,
                     reshard_after_forward=reshard,
                     cp_load_balancer=p.context_parallel_load_balancer,
+                    cp_rotate_method=p.context_parallel_rotate_method,
                     compile=compiled, float8=config.float8.enable,
                     async_tp=p.enable_async_tensor_parallel, ep=dims.ep)
     workload = Workload(seq_len=t.seq_len, precision=_precision(config),

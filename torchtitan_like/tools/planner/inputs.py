@@ -4,6 +4,7 @@ layout (degrees, batch, schedule, checkpointing and kernel options)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import TYPE_CHECKING, Literal
 
 from torchtitan_like.components.metrics import GPU_PEAK_TFLOPS
@@ -53,6 +54,18 @@ class GPU:
     """16-bit queries, keys and values are attended in fp32 and the output cast back (this
     project's CPU attention, models/attention.py): op-level AC then keeps the kernel's fp32
     output."""
+    attention_efficiency: float = 0.35
+    """Share of ``peak_tflops`` the attention kernels reach, forward and backward (the
+    backward counted at 2.5 x the forward's FLOPs): FlashAttention-2 reaches about 35% of an
+    H100's bf16 peak (Shah et al., "FlashAttention-3", 2024, section 1), PyTorch's SDPA runs
+    FA2-class kernels; every GPU preset takes it (no per-GPU source)."""
+    intra_node_latency_s: float = 5e-6
+    """Seconds each ring step (hop) in a node costs beside its bytes; with
+    ``inter_node_latency_s``, an assumption of the order of NCCL's per-hop latency over NVLink
+    and InfiniBand, not a measurement: what makes a ring over thousands of ranks slow even
+    when its bytes are few."""
+    inter_node_latency_s: float = 15e-6
+    """The same between nodes."""
 
 
 # Peaks: vendor datasheets (dense, no sparsity). gemm_efficiency: the "Maximum Achievable
@@ -146,7 +159,17 @@ class Layout:
     reshard_after_forward: bool | None = None
     """FSDP frees gathered weights after forward; None = the trainer's default."""
     cp_load_balancer: str = "headtail"
-    """parallelism.context_parallel_load_balancer: headtail needs seq_len % 2cp."""
+    """parallelism.context_parallel_load_balancer: headtail (equal causal work per rank,
+    needs seq_len % 2cp) or none (the last rank does the most: tools/planner/ring.py)."""
+    cp_rotate_method: str = "allgather"
+    """parallelism.context_parallel_rotate_method: how ring attention moves K/V, one
+    all-gather (allgather) or one chunk per step (alltoall); ring.py prices either."""
+    cp_algorithm: str = "ring"
+    """How CP attends: ring (torch's ring attention, this platform's: cp steps, one K/V
+    chunk each, merged through the logsumexp) or gathered_kv (Llama 3's: the grouped-query K
+    and V of the whole sequence all-gathered, each rank attending its query chunks in one
+    kernel, the K/V gradients reduce-scattered; Llama 3 report, section 3.3.2): an input for
+    pricing a published run (tools/planner/ring.py)."""
     compile: bool = False
     """The blocks are compiled (fused element-wise kernels)."""
     float8: bool = False
@@ -320,7 +343,15 @@ class ModelShape:
         return self.moe_layers / self.n_layers
 
     def flops_per_token(self, seq_len: int) -> int:
-        return self.args.flops_per_token(seq_len)
+        if seq_len not in self._flops:
+            self._flops[seq_len] = self.args.flops_per_token(seq_len)
+        return self._flops[seq_len]
+
+    @functools.cached_property
+    def _flops(self) -> dict[int, int]:
+        """``flops_per_token`` per sequence length, counted once (the step-time fit asks
+        for it thousands of times)."""
+        return {}
 
     def attention_flops_per_token(self, seq_len: int) -> int:
         """QK^T and AV, forward and backward, full (not causal-halved) scores: the part of

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from torchtitan_like.tools.planner.calibration import CALIBRATION, Calibration
 from torchtitan_like.tools.planner.communication import Comm, communication
 from torchtitan_like.tools.planner.inputs import Cluster, GiB, Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.memory import Memory, stage_memory
@@ -34,6 +35,7 @@ class Plan:
     microbatches: int
     bubble: float
     flops_per_token: int
+    seq_len: int
     tokens_per_step: int
     step: StepTime
     tokens_per_second_per_gpu: float
@@ -44,6 +46,14 @@ class Plan:
     gpu_hours_6nd: float
     days: float
     notes: list[str]
+    calibration: Calibration = CALIBRATION
+    """The fitted numbers it was planned with."""
+
+    @property
+    def reserved_estimate(self) -> float:
+        """Bytes the CUDA caching allocator likely reserves at the peak: the live peak x the
+        calibrated ``allocator_reserve``."""
+        return self.memory.total * self.calibration.allocator_reserve
 
     @property
     def fits(self) -> bool:
@@ -60,7 +70,7 @@ class Plan:
             "memory_gib": {"parameters": m.parameters / GiB, "gradients": m.gradients / GiB,
                            "optimizer": m.optimizer / GiB, "activations": m.activations / GiB,
                            "total": m.total / GiB, "peak_moment": m.moment, "stage": m.stage,
-                           "reserved_estimate": m.reserved_estimate / GiB,
+                           "reserved_estimate": self.reserved_estimate / GiB,
                            "per_pipeline_rank": [total / GiB for total in self.stage_totals]},
             "capacity_gib": self.capacity_gib,
             "usable_gib": self.usable_gib,
@@ -96,13 +106,14 @@ def _notes(layout: Layout, microbatches: int) -> list[str]:
 
 
 def plan(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout, *,
-         mfu: float | None = None, headroom: float = 0.10) -> Plan:
+         mfu: float | None = None, headroom: float = 0.10,
+         calibration: Calibration = CALIBRATION) -> Plan:
     """Memory, communication, time and cost of ``layout``; LayoutError if it cannot run."""
     microbatches = validate_layout(m, cluster, work, layout)
     gpu = cluster.gpu
     stages = [stage_memory(m, gpu, work, layout, s, microbatches) for s in range(layout.pp)]
     comms = communication(m, cluster, work, layout, microbatches)
-    step = estimate_step_time(m, cluster, work, layout, microbatches, comms)
+    step = estimate_step_time(m, cluster, work, layout, microbatches, comms, calibration)
     fpt = m.flops_per_token(work.seq_len)
     tokens_per_step = work.global_batch * work.seq_len
     per_gpu = tokens_per_step / step.total / cluster.num_gpus
@@ -121,6 +132,7 @@ def plan(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout, *,
         bubble=bubble_fraction(layout.pp, microbatches, layout.modelled_schedule,
                                layout.stages_per_rank),
         flops_per_token=fpt,
+        seq_len=work.seq_len,
         tokens_per_step=tokens_per_step,
         step=step,
         tokens_per_second_per_gpu=per_gpu,
@@ -130,6 +142,7 @@ def plan(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout, *,
         gpu_hours_6nd=6 * m.params_6nd * work.tokens / (peak * used) / 3600,
         days=gpu_hours / cluster.num_gpus / 24,
         notes=_notes(layout, microbatches),
+        calibration=calibration,
     )
 
 

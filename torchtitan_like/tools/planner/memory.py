@@ -29,8 +29,10 @@ gradients accumulate unsharded in the reduce dtype (FSDP2's ``set_requires_gradi
 
 The peak is the largest of three kinds of moment: the loss's backward (every activation of the
 microbatch kept, the head's tensors), the backward of a block (its recomputed activations and
-gradients, the weight gradients so far), and the optimizer step (a temporary per parameter in
-the foreach kernels).
+gradients, the weight gradients so far; under CP, ring attention's working set when it is the
+larger: every K/V chunk with the all-gather rotation, fp32 accumulators of the q/k/v
+gradients, the K/V gradients in flight, ring.py), and the optimizer step (a temporary per
+parameter in the foreach kernels).
 
 Validation: scripts/validate_plan_memory.py measures every rank's peak with MemTracker for 20
 layouts of the debug model on CPU (FSDP, HSDP, TP, CP, PP 1F1B/GPipe/interleaved, FSDP x TP,
@@ -49,25 +51,13 @@ from torchtitan_like.tools.planner.activations import layer_elements
 from torchtitan_like.tools.planner.attention import kernel_bytes, math_attention, output_elements
 from torchtitan_like.tools.planner.inputs import GPU, Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.moe import expert_split
+from torchtitan_like.tools.planner.ring import ring_working_bytes
 from torchtitan_like.tools.planner.schedule import (
     checkpointed,
     rank_stages,
     schedule_order,
     stage_split,
 )
-
-ALLOCATOR_RESERVE = 1.18
-"""What the CUDA caching allocator reserves at its peak over the peak of live tensors this
-model counts: the published TorchTitan runs log ``torch.cuda.max_memory_reserved``
-(``max_reserved_gib``), the peak of memory taken from the driver, cached free blocks and
-fragmentation included, where this platform's trainer logs ``max_memory_allocated``. Over the
-ten published rows with memory (docs/planner-throughput.md: 8B, 70B, 405B; eager, compiled,
-Float8; FSDP, TP, PP) reserved / counted lies between 1.09 and 1.26; 1.18 is their geometric
-mean, a fitted number like the step-time model's (tests hold every row within 15% with the
-factor of the other nine). What it stands for beyond the allocator's caching (workspaces,
-compile and Float8 buffers the CPU-validated count does not see) is not separated: no GPU was
-measured here. The live peak is what decides a fit (the allocator frees its cache and retries
-before it reports an out-of-memory); the reserved estimate is what a GPU monitor shows."""
 
 
 @dataclasses.dataclass
@@ -83,11 +73,6 @@ class Memory:
     @property
     def total(self) -> float:
         return self.parameters + self.gradients + self.optimizer + self.activations
-
-    @property
-    def reserved_estimate(self) -> float:
-        """Bytes the caching allocator likely reserves at this peak (``ALLOCATOR_RESERVE``)."""
-        return self.total * ALLOCATOR_RESERVE
 
 
 def stage_params(m: ModelShape, tp: int, layers: int, first: bool, last: bool) -> float:
@@ -158,7 +143,8 @@ class _Activations:
     kept_ckpt: float
     kept_op: float
     working: float
-    """Gradients alive inside a block's backward."""
+    """Gradients alive inside a block's backward: the feed-forward's, or, under CP, ring
+    attention's K/V chunks and fp32 accumulators when they are more (ring.py)."""
     head_kept: float
     loss_grads: float
     edge: float
@@ -185,7 +171,8 @@ def _activations(m: ModelShape, gpu: GPU, work: Workload, layout: Layout) -> _Ac
         kept_ckpt=layer_elements(m, layout.ac, t, fused) * cb * tokens,
         kept_op=(layer_elements(m, "op", t, fused, layout.op_sac_every_other_matmul) * cb
                  + kernel + wide_output) * tokens,
-        working=(2 * m.dim + m.ffn_hidden_dim) / t * cb * tokens,
+        working=max((2 * m.dim + m.ffn_hidden_dim) / t * cb * tokens,
+                    ring_working_bytes(m, work, layout)),
         head_kept=(norm + 4 * vocab + (cb * vocab if pipelined else 0)) * tokens,
         loss_grads=(12 if t > 1 and layout.loss_parallel else 8) * vocab * tokens,
         edge=m.dim / t * cb * tokens if pipelined else 0.0,

@@ -32,6 +32,14 @@ def validate_layout(m: ModelShape, cluster: Cluster, work: Workload, layout: Lay
     if layout.op_sac_every_other_matmul and (layout.ac != "op" or m.is_moe):
         raise LayoutError("op_sac_every_other_matmul prices TorchTitan's op-level AC policy on "
                           "a dense block: it needs ac op and a model without experts")
+    if layout.cp_rotate_method not in ("allgather", "alltoall"):
+        raise LayoutError(f"cp_rotate_method {layout.cp_rotate_method!r}: use allgather or "
+                          "alltoall")
+    if layout.cp_algorithm not in ("ring", "gathered_kv"):
+        raise LayoutError(f"cp_algorithm {layout.cp_algorithm!r}: use ring or gathered_kv")
+    if layout.cp_algorithm == "gathered_kv" and layout.cp == 1:
+        raise LayoutError("cp_algorithm gathered_kv prices Llama 3's all-gather CP: it needs "
+                          "cp > 1")
     if layout.ep_overlapped and not (layout.ep > 1 and layout.pp > 1):
         raise LayoutError("ep_overlapped prices a pipeline schedule hiding the EP all-to-all: "
                           "it needs ep > 1 and pp > 1")

@@ -65,7 +65,13 @@ def rank_layers(m: ModelShape, layout: Layout, rank: int) -> int:
 
 def busiest_rank_layers(m: ModelShape, layout: Layout) -> int:
     """Blocks of the PP rank holding the most: the pipeline runs at its pace."""
-    return max(rank_layers(m, layout, r) for r in range(layout.pp))
+    return _busiest(m.n_layers, layout)
+
+
+@functools.lru_cache(maxsize=1024)
+def _busiest(n_layers: int, layout: Layout) -> int:
+    split = stage_split(n_layers, layout)
+    return max(sum(split[i] for i in rank_stages(layout, r)) for r in range(layout.pp))
 
 
 def rank_stages(layout: Layout, rank: int) -> list[int]:
@@ -116,10 +122,11 @@ def in_flight_peak(layout: Layout, rank: int, microbatches: int) -> list[int]:
     return best
 
 
-def checkpointed(ac: str, layers: int) -> list[bool]:
+@functools.lru_cache(maxsize=256)
+def checkpointed(ac: str, layers: int) -> tuple[bool, ...]:
     """Which of ``layers`` consecutive blocks are fully checkpointed under ``ac``."""
     if ac == "full":
-        return [True] * layers
+        return (True,) * layers
     if ac.isdigit():
-        return [i % int(ac) == 0 for i in range(layers)]
-    return [False] * layers
+        return tuple(i % int(ac) == 0 for i in range(layers))
+    return (False,) * layers

@@ -4,22 +4,26 @@
     gemm        weight matmuls: 6 FLOPs per weight per token (the model's flops_per_token
                 less attention), at ``gpu.gemm_efficiency`` of the bf16 peak (the measured
                 best large matmul, MAMF; inputs.py gives the source per GPU); with Float8
-                the blocks' linears (not the output head) at the fp8 peak x
-                FLOAT8_GEMM_EFFICIENCY instead
-    attention   QK^T and AV forward and backward (a causal flash kernel computes half the
-                score matrix) at ATTENTION_EFFICIENCY of the bf16 peak
-    memory_bound  the blocks' element-wise kernels: MEMORY_BOUND_PASSES x the bytes of the
+                the blocks' linears (not the output head) at the same share of the fp8 peak
+                (no sourced fp8 MAMF; a fitted share did not improve the held-out table)
+    attention   QK^T and AV: a causal flash kernel computes half the score matrix, forward
+                4 s^2 q / 2 per sequence and layer, backward 2.5 x that (ring.py:
+                FLASH_BACKWARD_FLOPS; the model's flops_per_token counts 2 x, as MFU does),
+                at ``gpu.attention_efficiency`` of the bf16 peak; under CP each rank computes 1/cp
+                of it, the ring's steps on received chunks at the calibrated share of that
+                rate (the busiest rank more without a load balancer: ring.py)
+    memory_bound  the blocks' element-wise kernels: the calibrated passes x the bytes of the
                 activations they produce, over the HBM bandwidth
     recompute   one more forward of every fully checkpointed block (a third of its share of
-                the three parts above); op-level selective AC recomputes only element-wise ops
-                (counted in the passes) and an MoE's routed-expert grouped GEMMs, not
-                among its saved ops (one forward of them: moe.routed_forward_share),
-                TorchTitan's also every other matmul (``layout.op_sac_every_other_matmul``:
-                one more forward of those)
-    tp          TP/SP all-gathers and reduce-scatters sit on the critical path; async TP
-                hides ASYNC_TP_HIDDEN_SHARE of them behind the matmuls (at most the gemm
-                time), the share TorchTitan's one published async-TP pair implies
-    cp          the ring's K/V exchange overlaps the attention it feeds: only the excess
+                gemm and memory_bound, 1/3.5 of its attention); op-level selective AC
+                recomputes only element-wise ops (counted in the passes) and an MoE's
+                routed-expert grouped GEMMs, not among its saved ops (one forward of them:
+                moe.routed_forward_share), TorchTitan's also every other matmul
+                (``layout.op_sac_every_other_matmul``: one more forward of those)
+    tp          TP/SP all-gathers and reduce-scatters sit on the critical path; async TP is
+                not credited (``ASYNC_TP``)
+    cp          ring attention's K/V traffic that no step's compute hides, and its
+                element-wise merges (ring.py: per step, against one chunk's attention)
     fsdp        FSDP/HSDP all-gathers and reduce-scatters overlap compute up to its length;
                 the first unit's gather and the last unit's reduce-scatter are always exposed;
                 under PP the reductions run after the stage's last backward: all exposed,
@@ -37,11 +41,8 @@
                 DualPipe, a published run's input) only what exceeds the compute it hides
                 behind, and it no longer stretches the bubble
 
-MEMORY_BOUND_PASSES (eager and compiled), FLOAT8_GEMM_EFFICIENCY and ASYNC_TP_HIDDEN_SHARE
-are the step-time model's only fitted numbers, each fitted to one published run (the async-TP
-share to one pair; Tables 1 and 4 of TorchTitan's performance docs,
-docs/planner-throughput.md); every other published row tests them. (Memory has one more:
-memory.ALLOCATOR_RESERVE.)
+The fitted numbers (memory-bound passes, the ring's efficiency) come in a ``Calibration``
+(calibration.py: what each is fitted to and judged on; docs/planner-throughput.md).
 """
 
 from __future__ import annotations
@@ -53,9 +54,11 @@ from torchtitan_like.tools.planner.activations import (
     layer_elements,
     routed_elements,
 )
+from torchtitan_like.tools.planner.calibration import CALIBRATION, Calibration
 from torchtitan_like.tools.planner.communication import Comm
 from torchtitan_like.tools.planner.inputs import Cluster, Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.moe import routed_forward_share
+from torchtitan_like.tools.planner.ring import FLASH_BACKWARD_FLOPS, attention_factor, ring_time
 from torchtitan_like.tools.planner.schedule import (
     bubble_fraction,
     busiest_rank_layers,
@@ -63,39 +66,12 @@ from torchtitan_like.tools.planner.schedule import (
     rank_layers,
 )
 
-ATTENTION_EFFICIENCY = 0.35
-"""FlashAttention-2 reaches about 35% of an H100's bf16 peak (Shah et al., "FlashAttention-3",
-2024, section 1); PyTorch's SDPA runs FA2-class kernels. Used for every GPU."""
+ASYNC_TP = ("async TP: no time credited: fitted on the published runs with it, the share of TP's "
+            "collectives it hides comes out 0 (docs/planner-throughput.md)")
+"""What the planner says of ``layout.async_tp``."""
 
-MEMORY_BOUND_PASSES = {"eager": 35.2, "compiled": 25.4}
-"""Times each activation element of a block (activations.layer_elements without AC) crosses
-HBM in the block's memory-bound kernels (norms, RoPE, SwiGLU's element-wise ops, residual
-adds, casts, forward and backward): fitted to TorchTitan's Llama 3.1 8B on 8 H100 (FSDP,
-selective AC with its every-other-matmul policy), eager 5,762 and compiled 6,667
-tokens/s/GPU."""
-
-FLOAT8_GEMM_EFFICIENCY = 0.825
-"""Share of the fp8 peak torchao's dynamically scaled Float8 linears reach, their casts and
-scale computations included: fitted to the same run with Float8 (8,532 tokens/s/GPU). It lands
-above what fp8 matmuls reach alone (about 0.7): part of that run's gain is something the
-model does not represent, so Float8 predictions far from that shape deserve less trust (the
-recomputed matmuls of that run's AC policy run in fp8 too)."""
-
-ASYNC_TP_HIDDEN_SHARE = 0.262
-"""Share of the TP/SP collectives' modelled time that async TP hides behind the matmuls,
-calibrated on the published pair of runs differing only in async TP on the torch the
-published table's rows used: TorchTitan's
-docs/performance.md, Table 4 (Llama 3.1 70B on 256 H100, FSDP 32 x TP 8, seq 8192, local
-batch 16, full AC, compile, Float8; torch of 2024-12), 829 tokens/s/GPU without async TP and
-876 with. A GPU's step carries 512 x 8192 / 256 = 16,384 tokens, so the published steps are
-16,384 / 829 = 19.764 s and 16,384 / 876 = 18.703 s: async TP saved 1.060 s. The planner
-prices that row's TP collectives (communication.py, ring volume over NVLink) at 4.042 s, so
-the hidden share is 1.060 / 4.042 = 0.262. Applied to every layout with async TP (never fitted
-per row); the hidden time is capped at the gemm time, which the overlap needs. One pair on one
-torch version (the one of the 405B rows too): which collectives torch's micro-pipeline pass
-leaves unfused under Float8 and full AC is not published, and it changes with the version
-(TorchTitan's benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md, torch of 2025-06, same
-70B layout: async TP saves 2.3 s a step in bf16, 2.8 s with Float8 tensorwise, 1.1 s rowwise)."""
+ATTENTION_PASS_FLOPS = 1 + FLASH_BACKWARD_FLOPS
+"""Forward and backward of the attention kernel, in forwards."""
 
 
 @dataclasses.dataclass
@@ -120,7 +96,7 @@ class StepTime:
 
     @property
     def total(self) -> float:
-        return sum(dataclasses.asdict(self).values())
+        return sum(getattr(self, f.name) for f in dataclasses.fields(self))
 
     def parts(self) -> dict[str, float]:
         return dataclasses.asdict(self)
@@ -141,33 +117,45 @@ def _elementwise_elements(m: ModelShape, tp: int, fused_norm: bool) -> float:
     return layer_elements(m, "none", tp, fused_norm) - gathered - routed_elements(m, tp)
 
 
-def compute_times(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout
+def _gemm_time(m: ModelShape, cluster: Cluster, layout: Layout, tokens: float
+               ) -> tuple[float, float]:
+    """(all weight matmuls, the output head's) seconds for ``tokens`` tokens on one GPU."""
+    gpu = cluster.gpu
+    gemm_flops = tokens * m.flops_per_token(0)
+    head_flops = tokens * 6 * m.vocab_size * m.dim  # the output projection (stays bf16)
+    bf16 = gpu.peak_tflops * 1e12 * gpu.gemm_efficiency
+    if layout.float8 and gpu.fp8_tflops:  # (without fp8 tensor cores: emulated, bf16 rate)
+        fp8 = gpu.fp8_tflops * 1e12 * gpu.gemm_efficiency
+        return head_flops / bf16 + (gemm_flops - head_flops) / fp8, head_flops / bf16
+    return gemm_flops / bf16, head_flops / bf16
+
+
+def attention_rate(cluster: Cluster) -> float:
+    """FLOP/s of the attention kernels."""
+    return cluster.gpu.peak_tflops * 1e12 * cluster.gpu.attention_efficiency
+
+
+def compute_times(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout,
+                  calibration: Calibration = CALIBRATION
                   ) -> tuple[float, float, float, float]:
     """(gemm, attention, memory_bound, recompute) seconds per step on one GPU."""
     gpu = cluster.gpu
     local_tokens = work.global_batch * work.seq_len / layout.dp / layout.cp
     tokens = local_tokens / (layout.tp * layout.pp)  # FLOPs split over TP and PP too
     imbalance = busiest_rank_layers(m, layout) * layout.pp / m.n_layers  # the slowest stage
-    attention_model = m.attention_flops_per_token(work.seq_len)
-    gemm_flops = tokens * (m.flops_per_token(work.seq_len) - attention_model)
-    head_flops = tokens * 6 * m.vocab_size * m.dim  # the output projection (stays bf16)
-    bf16 = gpu.peak_tflops * 1e12 * gpu.gemm_efficiency
-    if layout.float8 and gpu.fp8_tflops:  # (without fp8 tensor cores: emulated, bf16 rate)
-        fp8 = gpu.fp8_tflops * 1e12 * FLOAT8_GEMM_EFFICIENCY
-        gemm = head_flops / bf16 + (gemm_flops - head_flops) / fp8
-    else:
-        gemm = gemm_flops / bf16
+    gemm, head = _gemm_time(m, cluster, layout, tokens)
     gemm *= imbalance
-    attention = tokens * attention_model / 2 / (gpu.peak_tflops * 1e12 * ATTENTION_EFFICIENCY)
-    passes = MEMORY_BOUND_PASSES["compiled" if layout.compile else "eager"]
+    forward = tokens * m.attention_flops_per_token(work.seq_len) / 6  # causal, one forward
+    attention = forward * ATTENTION_PASS_FLOPS / attention_rate(cluster) * imbalance \
+        * attention_factor(layout, calibration.ring_efficiency)
+    passes = calibration.compiled_passes if layout.compile else calibration.eager_passes
     crossings = (_elementwise_elements(m, layout.tp, gpu.fused_rms_norm) * passes
                  + routed_elements(m, layout.tp) / 2 * ROUTED_PASSES) * m.n_layers / layout.pp
-    attention *= imbalance
     memory_bound = local_tokens * crossings * work.precision.compute_bytes \
         / (gpu.hbm_tbps * 1e12) * imbalance
     share = sum(checkpointed(layout.ac, m.n_layers)) / m.n_layers
-    block_gemm = gemm * (1 - head_flops / gemm_flops)  # (the head is on one stage: approx.)
-    recompute = share * (block_gemm + attention + memory_bound) / 3
+    block_gemm = gemm - head * imbalance  # (the head is on one stage: approx.)
+    recompute = share * ((block_gemm + memory_bound) / 3 + attention / ATTENTION_PASS_FLOPS)
     if layout.ac == "op":  # the routed experts' grouped GEMMs are recomputed (moe.py)
         recompute += gemm * routed_forward_share(m)
     if layout.ac == "op" and layout.op_sac_every_other_matmul:  # one more forward of those
@@ -230,15 +218,18 @@ def _exposed_data_parallel(m: ModelShape, work: Workload, layout: Layout,
 
 
 def estimate_step_time(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout,
-              microbatches: int, comms: list[Comm]) -> StepTime:
+                       microbatches: int, comms: list[Comm],
+                       calibration: Calibration = CALIBRATION) -> StepTime:
     """The parts of one optimizer step on the busiest GPU."""
-    gemm, attention, memory_bound, recompute = compute_times(m, cluster, work, layout)
+    gemm, attention, memory_bound, recompute = compute_times(m, cluster, work, layout,
+                                                             calibration)
     compute = gemm + attention + memory_bound + recompute
     seconds = {c.dim: c.seconds for c in comms}
-    tp = seconds.get("tp", 0.0)
-    if layout.async_tp:
-        tp -= min(ASYNC_TP_HIDDEN_SHARE * tp, gemm)
-    cp = max(0.0, seconds.get("cp", 0.0) - attention)
+    tp = seconds.get("tp", 0.0)  # async TP: no share hidden (ASYNC_TP)
+    ring = ring_time(m, work, layout, microbatches, attention_rate(cluster),
+                     calibration.ring_efficiency, next((c for c in comms if c.dim == "cp"), None),
+                     cluster.gpu.hbm_tbps)
+    cp = ring.total
     ep = seconds.get("ep", 0.0)
     if layout.ep_overlapped:  # another microbatch's compute runs during the all-to-all
         ep = max(0.0, ep - compute)
