@@ -235,8 +235,9 @@ class Float8:
     enable: bool = False
     """Train the blocks' linears in float8 (torchao); same as [model] converters = ["float8"]."""
 
-    recipe_name: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"] = "tensorwise"
-    """Scales per tensor (fastest), per row, or per row with grad_weight kept in high precision."""
+    recipe_name: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise"] = (
+        "tensorwise")
+    """Scales per tensor, per row, per row with hp grad_weight, or DeepSeek-V3's 1x128/128x128."""
 
     enable_fsdp_float8_all_gather: bool = False
     """FSDP all-gathers weights in float8 (half the bf16 bytes); tensorwise recipe only."""
