@@ -15,6 +15,7 @@ from torchtitan_like.components import (
     blockwise_fp8,
     float8,
     moe_low_precision,
+    optimizer,
     profiling,
 )
 from torchtitan_like.components.checkpoint import validate_checkpoint
@@ -79,6 +80,7 @@ def validate(config: JobConfig, world_size: int) -> None:
     resolve_converters(config)
     validate_custom_sections(config)
     float8.validate(config.float8, device_type())
+    optimizer.validate(config.optimizer, config.training.dtype, device_type())
     profiling.validate(config.profiling, device_type())
     parallel_dims = ParallelDims.from_config(config, world_size)
     grad_accumulation_steps(config, parallel_dims.dp)

@@ -80,8 +80,14 @@ class Optimizer:
     weight_decay: float = ranged(0.1, ge=0)
     """Decoupled weight decay (AdamW) or L2 penalty (Adam)."""
 
-    implementation: Literal["for-loop", "foreach", "fused"] = "foreach"
-    """Kernel style of the optimizer step; fused needs a device torch has fused Adam kernels for."""
+    implementation: Literal["for-loop", "foreach", "fused", "fused_opt_states_bf16"] = "foreach"
+    """Kernel style of the step; fused_opt_states_bf16 = fused with state_dtype = "bfloat16"."""
+
+    state_dtype: DTypeName = "float32"
+    """Dtype exp_avg/exp_avg_sq are stored in; bfloat16 (DeepSeek-V3): the update stays fp32."""
+
+    state_stochastic_rounding: bool = False
+    """Round bfloat16 moments stochastically (unbiased) instead of to nearest; not with fused."""
 
 
 @dataclass
