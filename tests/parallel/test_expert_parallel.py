@@ -144,6 +144,13 @@ MXFP8_TWO = {
     "fsdp2_mxfp8": [*MOE, *MXFP8],  # EP 1: the wrapped experts FSDP-sharded over the 2 ranks
 }
 BLOCKWISE = ["--float8.enable", "true", "--float8.recipe_name", "blockwise"]
+MTP = ["--model.overrides.mtp_depth", "1"]
+"""DeepSeek-V3's multi-token prediction, one depth (an MoE block), lambda 0.3."""
+MTP_TWO = {
+    "ep2_mtp": ep(2, *MTP),  # the MTP block's experts sharded over EP too
+    "fsdp2_mtp": [*MOE, *MTP],  # the MTP depth its own FSDP unit, sharing embedding and head
+    "tp2_mtp": [*MOE, *TP2_ETP2, *MTP],  # its norms and projection sequence parallel
+}
 """Dense linears in emulated blockwise float8 (components/blockwise_fp8.py): MLA's wo and the
 dense block's SwiGLU (the other widths are not 128-multiples)."""
 
@@ -179,12 +186,15 @@ def runs(corpus, tmp_path_factory):
                      "reference_mxfp8": [*MOE, "--training.local_batch_size", "4", *MXFP8],
                      "reference_blockwise": [*MOE, "--training.local_batch_size", "4",
                                              *BLOCKWISE],
+                     "reference_mtp": [*MOE, "--training.local_batch_size", "4", *MTP],
+                     "reference_mtp0": [*MOE, "--training.local_batch_size", "4", *MTP,
+                                        "--model.overrides.mtp_loss_weight", "0"],
                      "compile": [*MOE, "--training.local_batch_size", "4", *compiled]},
                  root / "one", corpus, worker=WORKER)
     copy_checkpoint(root / "one" / "reference", root / "two" / "ep2_from_one")
     two = launch(2, {**TWO, "tp2_ep2_etp1_compile": [*TWO["tp2_ep2_etp1"], *compiled],
                      "tp2_etp2_compile": [*MOE, *TP2_ETP2, *compiled], **MXFP8_TWO,
-                     "ep2_blockwise": ep(2, *BLOCKWISE)},
+                     "ep2_blockwise": ep(2, *BLOCKWISE), **MTP_TWO},
                  root / "two", corpus, worker=WORKER)
     four = launch(4, FOUR, root / "four", corpus, worker=WORKER)
     copy_checkpoint(root / "two" / "ep2", root / "one" / "one_from_ep2")
@@ -334,3 +344,24 @@ def test_blockwise_float8_trains_within_a_band_of_fp32(runs):
     print(f"blockwise vs fp32, relative per step: {[f'{r:.2g}' for r in relative]}")
     assert max(relative) <= BLOCKWISE_BAND
     assert max(abs(a - b) for a, b in zip(ours, fp32, strict=True)) > FP32_PARITY_TOL
+
+
+def test_mtp_with_zero_weight_trains_as_without_it(runs):
+    """lambda = 0: the MTP depth runs, its term adds exact zeros to every shared gradient and
+    its own parameters get none, so the main loss follows the run without MTP bitwise
+    (its own parameters are initialised after the main model's, drawing nothing from them)."""
+    records, _ = runs
+    assert losses(records["reference_mtp0"]) == losses(records["reference"])
+    assert losses(records["reference_mtp"]) != losses(records["reference"])
+
+
+@pytest.mark.parametrize("case", list(MTP_TWO))
+def test_mtp_matches_one_process(runs, case):
+    """The main loss and the MTP metric (aux_loss/mtp_ce) under EP 2, FSDP 2 and TP 2 against
+    one process: fp32 sums in another order, class (b) of tests/harness.py."""
+    records, _ = runs
+    for key in ("loss", "aux_loss/mtp_ce", "aux_loss/mtp"):
+        ours = [r[key] for r in records[case] if "loss" in r]
+        one = [r[key] for r in records["reference_mtp"] if "loss" in r]
+        assert len(ours) == STEPS
+        assert_close(ours, one, TOL)
