@@ -190,6 +190,20 @@ def test_what_stays_in_high_precision_is_named_in_one_line(caplog):
         assert expected in kept[0]
 
 
+def test_the_mtp_depths_are_blocks():
+    """DeepSeek-V3's MTP depth (a block, and its 2 dim -> dim projection) converts as the
+    trunk's blocks do."""
+    import dataclasses
+
+    with torch.device("meta"):
+        model = DeepSeekV3Model(dataclasses.replace(deepseek_v3_flavors["debugmodel"],
+                                                    mtp_depth=1))
+    selection = select_blockwise(model, filter_fqns=[])
+    assert {"mtp.depths.0.eh_proj", "mtp.depths.0.block.attention.wo"} <= set(
+        selection.converted)
+    assert selection.kept["mtp.depths.0.block.moe.router.gate"] == "MoE gating"
+
+
 def test_bias_filter_and_tensor_parallel_shapes():
     with torch.device("meta"):
         model = nn.ModuleDict({"layers": nn.ModuleList([nn.ModuleDict({

@@ -33,7 +33,8 @@ Two code paths.
   with bf16 outputs like the GPU's. No speed-up: it is there for numerics.
 
 What stays in high precision (``select_blockwise``): linears outside the transformer blocks
-(the output head; embeddings and norms are no linears), the MoE router's gate (DeepSeek keeps
+(outside every ModuleList/ModuleDict: the output head; embeddings and norms are no linears;
+DeepSeek-V3's MTP depths are blocks), the MoE router's gate (DeepSeek keeps
 gating in high precision; its forward reads the weight directly), linears with a bias, and
 linears whose local in or out features are not multiples of 128 (x the TP degree). Attention
 itself (softmax(QK^T)V) and the norms are not linears and keep their dtype.
@@ -224,8 +225,8 @@ class BlockwiseSelection:
 def select_blockwise(model: nn.Module, filter_fqns: list[str], tp: int = 1
                      ) -> BlockwiseSelection:
     """The ``nn.Linear`` modules to convert (module docstring, "What stays")."""
-    blocks = {name for name, child in model.named_children()
-              if isinstance(child, (nn.ModuleList, nn.ModuleDict))}
+    blocks = [f"{name}." for name, m in model.named_modules()
+              if name and isinstance(m, (nn.ModuleList, nn.ModuleDict))]
     routers = {fqn for fqn, m in model.named_modules() if isinstance(m, TokenChoiceTopKRouter)}
     multiple = BLOCK * tp
     selection = BlockwiseSelection(converted=[], kept={})
@@ -233,7 +234,7 @@ def select_blockwise(model: nn.Module, filter_fqns: list[str], tp: int = 1
         if not isinstance(module, nn.Linear):
             continue
         out_features, in_features = module.weight.shape
-        if fqn.split(".")[0] not in blocks:
+        if not any(fqn.startswith(container) for container in blocks):
             selection.kept[fqn] = "outside the transformer blocks"
         elif fqn.rpartition(".")[0] in routers:
             selection.kept[fqn] = "MoE gating"
