@@ -39,6 +39,11 @@ gating in high precision; its forward reads the weight directly), linears with a
 linears whose local in or out features are not multiples of 128 (x the TP degree). Attention
 itself (softmax(QK^T)V) and the norms are not linears and keep their dtype.
 
+Routed experts (``GroupedExperts``, no linears) are not converted: ``[float8] moe_grouped_mm``
+is their switch, and it has no blockwise recipe (torchao 0.18's blockwise grouped GEMM is a
+prototype function, not a training op config, whose quantization needs Triton on a GPU); the
+conversion says so in one log line.
+
 Tensor parallelism: under a plain Colwise/Rowwise style the emulated linear computes on the
 local shards (``_on_local_shards``): with shards that are multiples of 128 every tile of a
 shard is a tile of the whole weight or activation, so each rank uses the one-process scales,
@@ -62,6 +67,7 @@ from torch.distributed.tensor import DTensor, Partial, Shard
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.logging import logger
+from torchtitan_like.models.moe.experts import GroupedExperts
 from torchtitan_like.models.moe.router import TokenChoiceTopKRouter
 
 if TYPE_CHECKING:
@@ -268,6 +274,9 @@ def convert_to_blockwise(model: nn.Module, config: Float8Config, tp: int, emulat
     if selection.kept:
         logger.info("float8 blockwise: kept in high precision: " + "; ".join(
             f"{fqn} ({reason})" for fqn, reason in selection.kept.items()))
+    if any(isinstance(m, GroupedExperts) for m in model.modules()):
+        logger.info("float8 blockwise: the routed experts' grouped GEMMs are not converted "
+                    "(no blockwise grouped-GEMM recipe; [float8] moe_grouped_mm is their switch)")
     return selection
 
 
