@@ -102,8 +102,8 @@ def test_blockwise_float8_matches_one_process_with_it(runs, case):
     (2^-4) of every operand and the bf16 rounding of every output that one process's run
     already makes against fp32: independent roundings move the loss in proportion to their
     size, so already at step 1 the layout stays within one process's distance from fp32
-    (measured TP 2: 1.9e-6 at step 1, against 2.3e-4). From step 2 on, float8 roundings flip independently as
-    in harness.assert_float8_drift; so at every step: twice one process's distance from fp32
-    so far (exact_steps = 0)."""
+    (measured TP 2: 1.9e-6 at step 1, against 2.3e-4). From step 2 on, float8 roundings flip
+    independently as in harness.assert_float8_drift; so at every step: twice one process's
+    distance from fp32 so far (exact_steps = 0)."""
     assert_float8_drift(losses(runs[case]), losses(runs["reference_wide_blockwise"]),
                         losses(runs["reference_wide"]), exact_steps=0)
