@@ -8,7 +8,8 @@
 # snapshot + pinned async checkpoints; resume from them; float8 rowwise (SM 8.9+); bench.py; each
 # CUDA SDPA backend (the kernels CP's ring attention runs) against the math backend; document
 # masking's FlexAttention against dense SDPA, and a compiled block_causal run; the MoE experts'
-# low-precision grouped GEMMs (kernel check, then a deepseek_v3 debug run).
+# low-precision grouped GEMMs (kernel check, then a deepseek_v3 debug run); fused AdamW with bf16
+# moments; on Hopper, blockwise FP8 (kernel check, a Llama run, DeepSeek-V3's recipe with MTP).
 # More than one GPU adds, on 2 of them: FSDP, TP + float8, async TP (compiled), CP, PP.
 # (Async TP and CP need a TP/CP group of two ranks, and NCCL cannot put two ranks on one GPU, so
 # they run only there.) Stops at the first failed check, printing its log's tail; always prints
@@ -109,6 +110,20 @@ print(next((f'--float8.moe_grouped_mm={r}' for r in ('mxfp8', 'float8_rowwise')
            '--float8.moe_grouped_mm=mxfp8 --float8.emulate=true'))")"
 check moe-low-precision train 1 moe_low_precision --model.name=deepseek_v3 \
   --model.flavor=debugmodel --training.mixed_precision_param=bfloat16 "${moe_flags[@]}"
+# DeepSeek-V3's recipe: blockwise FP8 (Hopper only), bf16 Adam moments (fused), MTP.
+check bf16-moments-kernel "$PYTHON" scripts/gpu_smoke_checks.py bf16_moments
+check bf16-moments train 1 bf16_moments --optimizer.implementation=fused_opt_states_bf16
+if [[ "${capability%%.*}" == 9 ]]; then
+  check blockwise-kernel "$PYTHON" scripts/gpu_smoke_checks.py blockwise
+  check blockwise-fp8 train 1 blockwise --training.mixed_precision_param=bfloat16 \
+    --float8.enable=true --float8.recipe_name=blockwise
+  check deepseek-recipe train 1 deepseek_recipe --model.name=deepseek_v3 \
+    --model.flavor=debugmodel --model.overrides.mtp_depth=1 \
+    --training.mixed_precision_param=bfloat16 --float8.enable=true \
+    --float8.recipe_name=blockwise --optimizer.implementation=fused_opt_states_bf16
+else
+  skip blockwise-fp8 "SM $capability: torchao's Float8BlockwiseLinear runs on SM 9.x only"
+fi
 
 # --- two GPUs ---
 if [[ "$ngpu" -ge 2 ]]; then

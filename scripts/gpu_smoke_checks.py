@@ -20,6 +20,17 @@
         each result depends on at most four of them (the input gradient: w2's input gradient,
         times the w1 and w3 outputs, through w1/w3's input gradient): sqrt(4) x 4% = 8%, bound
         0.15 (2x; measured 6.6-6.7% emulated); --device cpu: emulated MXFP8 only
+    python scripts/gpu_smoke_checks.py blockwise
+        blockwise float8 (components/blockwise_fp8.py) on Hopper: torchao's Float8BlockwiseLinear
+        forward + backward in bf16 against the emulated path on the same GPU (the same
+        quantization; fp32 sums in another order and bf16 outputs: relative norm difference
+        of output and gradients below 2^-6), and against the bf16 linear (each GEMM ~3.5% rms
+        from high precision, measured on CPU: bound (0.005, 0.1))
+    python scripts/gpu_smoke_checks.py bf16_moments
+        torch's fused CUDA AdamW with bf16 moments (components/bf16_moments.py) against the
+        foreach bf16-moment step, 3 steps of fixed gradients: the states stay bf16, and the
+        parameters agree within 3 x lr x 2^-7 (a moment rounded to the other bf16 neighbour
+        moves its element's update by at most 2^-7 relative of lr)
 Exit 1 with one line saying what failed.
 """
 
@@ -152,6 +163,64 @@ def check_moe_grouped_mm(device: str) -> str:
     return ", ".join(done)
 
 
+def check_blockwise() -> str:
+    import torch
+    from torch import nn
+
+    from torchtitan_like.components.blockwise_fp8 import EmulatedBlockwiseLinear, _gpu_linear
+
+    torch.manual_seed(0)
+    reference = nn.Linear(1024, 768, bias=False, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
+    upstream = torch.randn(512, 768, device="cuda", dtype=torch.bfloat16)
+
+    def run(linear: nn.Module) -> list[torch.Tensor]:
+        x_in = x.clone().requires_grad_()
+        out = linear(x_in)
+        grads = torch.autograd.grad(out, [x_in, linear.weight], upstream)
+        return [out.float(), *(g.float() for g in grads)]
+
+    def relative(a: list[torch.Tensor], b: list[torch.Tensor]) -> list[float]:
+        return [((p - q).norm() / q.norm()).item() for p, q in zip(a, b, strict=True)]
+
+    expected = run(reference)
+    real = run(_gpu_linear(reference))
+    emulated = run(EmulatedBlockwiseLinear.from_linear(reference))
+    to_emulated, to_bf16 = relative(real, emulated), relative(real, expected)
+    if max(to_emulated) >= 2**-6 or not 0.005 < max(to_bf16) < 0.1:
+        raise AssertionError(f"blockwise: vs emulated {to_emulated}, vs bf16 {to_bf16}")
+    return (f"Float8BlockwiseLinear vs emulated {max(to_emulated):.1e}, "
+            f"vs bf16 {max(to_bf16):.1e} (output, input grad, weight grad)")
+
+
+def check_bf16_moments() -> str:
+    import torch
+
+    from torchtitan_like.components.optimizer import build_optimizer
+    from torchtitan_like.config.job_config import Optimizer
+
+    torch.manual_seed(0)
+    start = torch.randn(4096, 256, device="cuda") * 0.02
+    grads = [torch.randn_like(start) * 1e-2 for _ in range(3)]
+    results = []
+    for implementation in ("fused_opt_states_bf16", "foreach"):
+        p = torch.nn.Parameter(start.clone())
+        config = Optimizer(implementation=implementation, state_dtype="bfloat16")
+        optimizer = build_optimizer([p], config)
+        for g in grads:
+            p.grad = g.clone()
+            optimizer.step()
+        dtypes = {optimizer.state[p][k].dtype for k in ("exp_avg", "exp_avg_sq")}
+        if dtypes != {torch.bfloat16}:
+            raise AssertionError(f"{implementation}: moments in {dtypes}, not bf16")
+        results.append(p.detach())
+    difference = (results[0] - results[1]).abs().max().item()
+    bound = 3 * Optimizer().lr * 2**-7
+    if difference > bound:
+        raise AssertionError(f"fused vs foreach bf16 moments: {difference:.3g} > {bound:.3g}")
+    return f"fused AdamW with bf16 moments vs foreach: {difference:.1e} (bound {bound:.1e})"
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="check", required=True)
@@ -162,9 +231,12 @@ def main(argv: list[str]) -> None:
     sub.add_parser("sdpa")
     sub.add_parser("block_causal")
     sub.add_parser("moe_grouped_mm").add_argument("--device", default="cuda")
+    sub.add_parser("blockwise")
+    sub.add_parser("bf16_moments")
     args = parser.parse_args(argv)
     kernels = {"sdpa": check_sdpa, "block_causal": check_block_causal,
-               "moe_grouped_mm": lambda: check_moe_grouped_mm(args.device)}
+               "moe_grouped_mm": lambda: check_moe_grouped_mm(args.device),
+               "blockwise": check_blockwise, "bf16_moments": check_bf16_moments}
     try:
         result = (check_metrics(args.folder, args.mfu, args.steps) if args.check == "metrics"
                   else kernels[args.check]())

@@ -153,3 +153,24 @@ def assert_close(actual: list[float], expected: list[float], tol: float) -> None
     diffs = [abs(a - e) for a, e in zip(actual, expected, strict=True)]
     print(f"max |diff| {max(diffs):.3g} (bound {tol})")  # shown by pytest -rP: the margin
     assert max(diffs) <= tol, f"max |diff| {max(diffs):.3g} > {tol}: {actual} vs {expected}"
+
+
+def assert_float8_drift(actual: list[float], reference: list[float], fp32: list[float],
+                        exact_steps: int = 2) -> None:
+    """Class (c) for two low-precision runs of one model under two layouts, ``fp32`` the
+    reference's layout in fp32 (derivation: test_float8_fsdp.py, the TP test). Steps
+    1..exact_steps: Adam's first update is +-lr whatever the gradients' rounding, so the
+    weights, hence the casts, agree and only fp32 sums differ: FP32_PARITY_TOL. Later the
+    roundings flip independently, each flip one float8 step, twice the half-step error the
+    reference makes against fp32: at most twice the reference's distance from fp32 so far."""
+    assert len(actual) == len(reference) == len(fp32)
+    if exact_steps:
+        assert_close(actual[:exact_steps], reference[:exact_steps], FP32_PARITY_TOL)
+    distance, worst = 0.0, 0.0
+    for step, (a, b, exact) in enumerate(zip(actual, reference, fp32, strict=True), start=1):
+        distance = max(distance, abs(b - exact))
+        bound = max(FP32_PARITY_TOL, 2 * distance)
+        worst = max(worst, abs(a - b) / bound)
+        assert abs(a - b) <= bound, (f"step {step}: |diff| {abs(a - b):.3g} > {bound:.3g}: "
+                                     f"{actual} vs {reference} (fp32 {fp32})")
+    print(f"largest |diff| / bound {worst:.3g}: {actual} vs {reference} (fp32 {fp32})")

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import contextlib
 
-from torchtitan_like.components import float8, moe_low_precision, profiling
+from torchtitan_like.components import (
+    blockwise_fp8,
+    float8,
+    moe_low_precision,
+    optimizer,
+    profiling,
+)
 from torchtitan_like.components.checkpoint import validate_checkpoint
 from torchtitan_like.components.converters import resolve_converters
 from torchtitan_like.components.data.checks import check_data
@@ -77,9 +83,11 @@ def validate(config: JobConfig, world_size: int) -> None:
     resolve_converters(config)
     validate_custom_sections(config)
     float8.validate(config.float8, device_type())
+    optimizer.validate(config.optimizer, config.training.dtype, device_type())
     profiling.validate(config.profiling, device_type())
     parallel_dims = ParallelDims.from_config(config, world_size)
     grad_accumulation_steps(config, parallel_dims.dp)
+    blockwise_fp8.validate(config, parallel_dims, device_type())
     tensor_parallel.validate(config, parallel_dims)
     spec, args = model_spec_and_args(config)
     check_supported_dims(spec, config)

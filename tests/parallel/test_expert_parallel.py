@@ -79,7 +79,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from harness import FP32_PARITY_TOL, assert_close, launch, losses
+from harness import FP32_PARITY_TOL, assert_close, assert_float8_drift, launch, losses
 
 TOL = 1e-5
 COMPILE_TOL = FP32_PARITY_TOL  # class (b): fused kernels reorder fp32 sums
@@ -143,6 +143,16 @@ MXFP8_TWO = {
     "ep2_mxfp8": ep(2, *MXFP8),  # each rank's 4 experts wrapped, EP's local shards
     "fsdp2_mxfp8": [*MOE, *MXFP8],  # EP 1: the wrapped experts FSDP-sharded over the 2 ranks
 }
+BLOCKWISE = ["--float8.enable", "true", "--float8.recipe_name", "blockwise"]
+MTP = ["--model.overrides.mtp_depth", "1"]
+"""DeepSeek-V3's multi-token prediction, one depth (an MoE block), lambda 0.3."""
+MTP_TWO = {
+    "ep2_mtp": ep(2, *MTP),  # the MTP block's experts sharded over EP too
+    "fsdp2_mtp": [*MOE, *MTP],  # the MTP depth its own FSDP unit, sharing embedding and head
+    "tp2_mtp": [*MOE, *TP2_ETP2, *MTP],  # its norms and projection sequence parallel
+}
+"""Dense linears in emulated blockwise float8 (components/blockwise_fp8.py): MLA's wo and the
+dense block's SwiGLU (the other widths are not 128-multiples)."""
 
 
 def read_biases(folder: Path) -> list[list[list[float]]]:
@@ -174,11 +184,17 @@ def runs(corpus, tmp_path_factory):
     one = launch(1, {"reference": reference,
                      "reference_aux": [*reference, "--model.flavor", "debugmodel_aux"],
                      "reference_mxfp8": [*MOE, "--training.local_batch_size", "4", *MXFP8],
+                     "reference_blockwise": [*MOE, "--training.local_batch_size", "4",
+                                             *BLOCKWISE],
+                     "reference_mtp": [*MOE, "--training.local_batch_size", "4", *MTP],
+                     "reference_mtp0": [*MOE, "--training.local_batch_size", "4", *MTP,
+                                        "--model.overrides.mtp_loss_weight", "0"],
                      "compile": [*MOE, "--training.local_batch_size", "4", *compiled]},
                  root / "one", corpus, worker=WORKER)
     copy_checkpoint(root / "one" / "reference", root / "two" / "ep2_from_one")
     two = launch(2, {**TWO, "tp2_ep2_etp1_compile": [*TWO["tp2_ep2_etp1"], *compiled],
-                     "tp2_etp2_compile": [*MOE, *TP2_ETP2, *compiled], **MXFP8_TWO},
+                     "tp2_etp2_compile": [*MOE, *TP2_ETP2, *compiled], **MXFP8_TWO,
+                     "ep2_blockwise": ep(2, *BLOCKWISE), **MTP_TWO},
                  root / "two", corpus, worker=WORKER)
     four = launch(4, FOUR, root / "four", corpus, worker=WORKER)
     copy_checkpoint(root / "two" / "ep2", root / "one" / "one_from_ep2")
@@ -300,3 +316,52 @@ def test_mxfp8_experts_train_close_to_fp32(runs):
     assert len(mxfp8) == STEPS and mxfp8[-1] < mxfp8[0] - 0.3
     assert_close(mxfp8, fp32, MXFP8_TOL)
     assert max(abs(a - b) for a, b in zip(mxfp8, fp32, strict=True)) > FP32_PARITY_TOL
+
+
+def test_blockwise_float8_under_ep_matches_one_process_with_it(runs):
+    """EP 2 (FSDP 2 for the dense layers) with blockwise float8 dense linears against one
+    process with them: the tiles are the layout's own (128 tokens per rank), the weight
+    gradients' per-rank partials are rounded to bf16 before FSDP adds them
+    (test_tensor_parallel.py's blockwise test has the argument): twice one process's distance
+    from fp32 so far, at every step."""
+    records, _ = runs
+    assert_float8_drift(losses(records["ep2_blockwise"]), losses(records["reference_blockwise"]),
+                        losses(records["reference"]), exact_steps=0)
+
+
+BLOCKWISE_BAND = 2.5e-3
+"""Relative band of blockwise float8 against fp32 per step (class c): see the test."""
+
+
+def test_blockwise_float8_trains_within_a_band_of_fp32(runs):
+    """DeepSeek-V3 reports its FP8 recipe within 0.25% relative of BF16 in loss over a whole
+    pre-training; on the debug model over 3 steps the measured relative difference is given
+    in the docs (docs/moe-low-precision.md). The band is that 0.25%; a difference above
+    FP32_PARITY_TOL shows that blockwise float8 ran."""
+    records, _ = runs
+    ours, fp32 = losses(records["reference_blockwise"]), losses(records["reference"])
+    relative = [abs(a - b) / b for a, b in zip(ours, fp32, strict=True)]
+    print(f"blockwise vs fp32, relative per step: {[f'{r:.2g}' for r in relative]}")
+    assert max(relative) <= BLOCKWISE_BAND
+    assert max(abs(a - b) for a, b in zip(ours, fp32, strict=True)) > FP32_PARITY_TOL
+
+
+def test_mtp_with_zero_weight_trains_as_without_it(runs):
+    """lambda = 0: the MTP depth runs, its term adds exact zeros to every shared gradient and
+    its own parameters get none, so the main loss follows the run without MTP bitwise
+    (its own parameters are initialised after the main model's, drawing nothing from them)."""
+    records, _ = runs
+    assert losses(records["reference_mtp0"]) == losses(records["reference"])
+    assert losses(records["reference_mtp"]) != losses(records["reference"])
+
+
+@pytest.mark.parametrize("case", list(MTP_TWO))
+def test_mtp_matches_one_process(runs, case):
+    """The main loss and the MTP metric (aux_loss/mtp_ce) under EP 2, FSDP 2 and TP 2 against
+    one process: fp32 sums in another order, class (b) of tests/harness.py."""
+    records, _ = runs
+    for key in ("loss", "aux_loss/mtp_ce", "aux_loss/mtp"):
+        ours = [r[key] for r in records[case] if "loss" in r]
+        one = [r[key] for r in records["reference_mtp"] if "loss" in r]
+        assert len(ours) == STEPS
+        assert_close(ours, one, TOL)

@@ -16,7 +16,7 @@ bound between 0 and the TP one below would mean anything: float8 amplifies any r
 """
 
 import pytest
-from harness import FP32_PARITY_TOL, assert_close, launch, losses
+from harness import FP32_PARITY_TOL, assert_close, assert_float8_drift, launch, losses
 
 STEPS = 20
 TOL = 1e-2
@@ -29,6 +29,7 @@ CASES = {
     "float8_all_gather": [*EMULATED, *ALL_GATHER],
     "float8_rowwise_scaled_mm": ["--float8.enable", "true", "--float8.recipe_name", "rowwise"],
     "float8_tp": [*EMULATED, *TP],
+    "blockwise": ["--float8.enable", "true", "--float8.recipe_name", "blockwise"],
 }
 EXACT_STEPS = 2
 """Steps over which float8 rounding cannot yet make TP and FSDP diverge (see the TP test)."""
@@ -90,12 +91,23 @@ def test_float8_under_tensor_parallel_matches_float8_under_fsdp(runs):
     One block kept in high precision (1.1e-4 and 1.5e-4) is rerun here as a negative control.
     """
     tp, fsdp, fp32 = (losses(runs[k]) for k in ("float8_tp", "float8", "fp32"))
-    assert_close(tp[:EXACT_STEPS], fsdp[:EXACT_STEPS], FP32_PARITY_TOL)
     kept = losses(runs["float8_tp_block_kept"])
     assert max(abs(a - b) for a, b in zip(kept, fsdp, strict=False)) > FP32_PARITY_TOL, (
         "the step 1-2 bound must tell an unconverted block apart")
-    float8_distance = 0.0
-    for step, (a, b, reference) in enumerate(zip(tp, fsdp, fp32, strict=True), start=1):
-        float8_distance = max(float8_distance, abs(b - reference))
-        bound = max(FP32_PARITY_TOL, 2 * float8_distance)
-        assert abs(a - b) <= bound, f"step {step}: |TP - FSDP| {abs(a - b):.3g} > {bound:.3g}"
+    assert_float8_drift(tp, fsdp, fp32, EXACT_STEPS)
+
+
+BLOCKWISE_BAND = 2.5e-3
+"""Relative per-step band of blockwise float8 against fp32: DeepSeek-V3's reported relative
+loss error of its FP8 recipe against BF16 (0.25%, over a whole pre-training)."""
+
+
+def test_blockwise_float8_trains_within_the_published_band(runs):
+    """Emulated blockwise float8 (DeepSeek-V3's 1x128/128x128 recipe) on every 128-multiple
+    linear of the tiny model (wq, wo, the SwiGLU) under FSDP 2, 20 steps, against fp32: the
+    relative loss difference stays within DeepSeek-V3's 0.25% (measured: docs/performance.md)."""
+    ours, fp32 = losses(runs["blockwise"]), losses(runs["fp32"])
+    relative = [abs(a - b) / b for a, b in zip(ours, fp32, strict=True)]
+    print(f"blockwise vs fp32: largest relative difference {max(relative):.3g} "
+          f"(step {relative.index(max(relative)) + 1}), band {BLOCKWISE_BAND}")
+    assert max(relative) <= BLOCKWISE_BAND

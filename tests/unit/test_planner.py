@@ -238,6 +238,18 @@ def test_from_job_config_reads_the_debug_config():
     assert (layout.dp_shard, layout.local_batch_size, layout.ac) == (2, 8, "2")
 
 
+def test_bf16_moments_count_2_plus_2_bytes_per_parameter():
+    """[optimizer] state_dtype = "bfloat16": Adam's two states at 2 bytes each, not 4."""
+    fp32, bf16 = (from_job_config(build_job_config(
+        ["--job.config_file", "train_configs/debug_model.toml", *flags]), 2)
+        for flags in ([], ["--optimizer.state_dtype", "bfloat16"]))
+    assert bf16[1].precision.optimizer_state_bytes == 2
+    assert fp32[1].precision.optimizer_state_bytes == 4
+    memories = [stage_memory(m, H100, work, layout, 0, 1) for m, work, layout in (fp32, bf16)]
+    assert memories[1].optimizer == pytest.approx(memories[0].optimizer / 2)
+    assert memories[1].parameters == memories[0].parameters
+
+
 def test_from_job_config_reads_the_pipeline_and_tp_fields():
     config = build_job_config([
         "--job.config_file", "train_configs/debug_model.toml",

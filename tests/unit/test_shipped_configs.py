@@ -16,6 +16,8 @@ WORLD_SIZES = {
     "debug_model.toml": 1,
     "deepseek_v3_debug.toml": 1,
     "deepseek_v3_671b.toml": 2048,
+    "deepseek_v3_recipe.toml": 16,
+    "deepseek_v3_recipe_debug.toml": 2,
     "llama3_8b.toml": 8,
     "llama3_70b.toml": 64,
     "llama3_405b.toml": 16384,
@@ -52,3 +54,14 @@ def test_the_671b_layout_is_deepseek_v3s():
                    2048).parallelism
     assert (p.pipeline_parallel_degree, p.expert_parallel_degree, p.tensor_parallel_degree,
             p.data_parallel_shard_degree) == (16, 64, 1, -1)
+
+
+@pytest.mark.parametrize("name, world_size", [("deepseek_v3_recipe.toml", 16),
+                                              ("deepseek_v3_recipe_debug.toml", 2)])
+def test_the_recipe_configs_turn_on_deepseek_v3s_recipe(name, world_size):
+    """Blockwise FP8, bf16 moments, one MTP depth and expert parallelism, all at once."""
+    config = parse_args(["--job.config_file", str(CONFIGS / name), *ON_THIS_CPU], world_size)
+    assert (config.float8.enable, config.float8.recipe_name) == (True, "blockwise")
+    assert config.optimizer.state_dtype == "bfloat16"
+    assert config.model.overrides["mtp_depth"] == 1
+    assert config.parallelism.expert_parallel_degree > 1

@@ -9,7 +9,9 @@ i.e. each operand is scaled into float8's range, rounded to float8, multiplied b
 same with the output gradient (Micikevicius et al., "FP8 Formats for Deep Learning", 2022).
 The scales are dynamic (from the current tensor) and come per tensor (``tensorwise``, the
 fastest), per row (``rowwise``, more accurate, e4m3 throughout, power-of-two scales), or per
-row with the weight-gradient matmul kept in high precision (``rowwise_with_gw_hp``). The
+row with the weight-gradient matmul kept in high precision (``rowwise_with_gw_hp``), or per
+1x128 activation tile and 128x128 weight block (``blockwise``, DeepSeek-V3's recipe: its own
+module, components/blockwise_fp8.py, whose scope and checks differ from the below). The
 master weights, the optimizer and everything outside the converted matmuls stay as they were.
 
 Scope. Only linears inside the model's blocks (the ``nn.ModuleList``/``nn.ModuleDict``
@@ -49,6 +51,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
 
+from torchtitan_like.components import blockwise_fp8
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import Float8 as Float8Config
 from torchtitan_like.logging import logger
@@ -108,7 +111,7 @@ def check_cuda_capability(config: Float8Config, gpu: str, capability: tuple[int,
             "Set [float8] emulate = true to check float8 numerics here (no speed-up), or "
             "[float8] enable = false"
         )
-    if config.enable and not config.emulate and config.recipe_name != "tensorwise" and (
+    if config.enable and not config.emulate and config.recipe_name.startswith("rowwise") and (
             reason := rowwise_unsupported_reason(capability)):
         raise ConfigError(f'[float8] recipe_name = "{config.recipe_name}": {reason} ({gpu}); '
                           'use recipe_name = "tensorwise" or emulate = true')
@@ -171,16 +174,22 @@ class Float8Converter:
         self.tp = parallel_dims.tp
         self.all_gather = config.enable_fsdp_float8_all_gather and fsdp
         self.precompute = config.precompute_float8_dynamic_scale_for_fsdp and self.all_gather
-        self.torchao_config = dataclasses.replace(
+        self.blockwise_emulated = blockwise_fp8.runs_emulated(config, device_type)
+        self.torchao_config = None if config.recipe_name == "blockwise" else dataclasses.replace(
             Float8LinearConfig.from_recipe_name(config.recipe_name),
             emulate=config.emulate,
             enable_fsdp_float8_all_gather=self.all_gather,
         )
 
     def convert(self, model: nn.Module) -> None:
-        """Swap the selected ``nn.Linear`` for torchao ``Float8Linear`` in place (on meta)."""
+        """Swap the selected ``nn.Linear`` for torchao ``Float8Linear`` in place (on meta), or
+        for blockwise float8 linears (components/blockwise_fp8.py)."""
         from torchao.float8 import convert_to_float8_training
 
+        if self.torchao_config is None:
+            blockwise_fp8.convert_to_blockwise(model, self.config, self.tp,
+                                               self.blockwise_emulated)
+            return
         selection = select_linears(model, self.config.filter_fqns, self.tp)
         chosen = set(selection.converted)
         convert_to_float8_training(model, config=self.torchao_config,

@@ -81,8 +81,14 @@ class Optimizer:
     weight_decay: float = ranged(0.1, ge=0)
     """Decoupled weight decay (AdamW) or L2 penalty (Adam)."""
 
-    implementation: Literal["for-loop", "foreach", "fused"] = "foreach"
-    """Kernel style of the optimizer step; fused needs a device torch has fused Adam kernels for."""
+    implementation: Literal["for-loop", "foreach", "fused", "fused_opt_states_bf16"] = "foreach"
+    """Kernel style of the step; fused_opt_states_bf16 = fused with state_dtype = "bfloat16"."""
+
+    state_dtype: DTypeName = "float32"
+    """Dtype exp_avg/exp_avg_sq are stored in; bfloat16 (DeepSeek-V3): the update stays fp32."""
+
+    state_stochastic_rounding: bool = False
+    """Round bfloat16 moments stochastically (unbiased) instead of to nearest; not with fused."""
 
 
 @dataclass
@@ -239,8 +245,9 @@ class Float8:
     enable: bool = False
     """Train the blocks' linears in float8 (torchao); same as [model] converters = ["float8"]."""
 
-    recipe_name: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"] = "tensorwise"
-    """Scales per tensor (fastest), per row, or per row with grad_weight kept in high precision."""
+    recipe_name: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise"] = (
+        "tensorwise")
+    """Scales per tensor, per row, per row with hp grad_weight, or DeepSeek-V3's 1x128/128x128."""
 
     enable_fsdp_float8_all_gather: bool = False
     """FSDP all-gathers weights in float8 (half the bf16 bytes); tensorwise recipe only."""

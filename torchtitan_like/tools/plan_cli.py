@@ -27,7 +27,6 @@ from torchtitan_like.tools.planner import (
     LayoutError,
     ModelShape,
     Plan,
-    Precision,
     Workload,
     bubble_formula,
     check_ac,
@@ -182,8 +181,8 @@ def _from_config_or_flavor(args: argparse.Namespace, num_gpus: int
 def _workload(args: argparse.Namespace, work: Workload) -> Workload:
     seq_len = _pick(args.seq_len, work.seq_len)
     p = work.precision
-    precision = Precision(
-        master_bytes=DTYPES[args.dtype].itemsize if args.dtype else p.master_bytes,
+    precision = dataclasses.replace(
+        p, master_bytes=DTYPES[args.dtype].itemsize if args.dtype else p.master_bytes,
         compute_bytes=DTYPES[args.param_dtype].itemsize if args.param_dtype else p.compute_bytes,
         reduce_bytes=DTYPES[args.reduce_dtype].itemsize if args.reduce_dtype else p.reduce_bytes)
     global_batch = args.global_batch or (work.global_batch if args.config else
@@ -256,7 +255,7 @@ def _header(model: ModelShape, cluster: Cluster, work: Workload, args: argparse.
 def _memory_lines(result: Plan, work: Workload, args: argparse.Namespace) -> list[str]:
     mem, lay, prec, held = result.memory, result.layout, work.precision, memory_band()
     names = {4: "fp32", 2: "bf16"}
-    states = prec.optimizer_states * prec.master_bytes
+    states = prec.optimizer_states * prec.optimizer_state_bytes
     return [
         f"Memory per GPU, peak at the {mem.moment}"
         + (f" (pipeline stage {mem.stage})" if lay.pp > 1 else "")

@@ -2,7 +2,8 @@
 
 Counts follow the published convention: the total counts every parameter of the main model
 (embedding and head included, DeepSeek-V3's multi-token-prediction module excluded: 671B, not
-the 685B of its checkpoint). The active count is what one token's computation multiplies:
+the 685B of its checkpoint; with ``mtp_depth`` > 0 the MTP depths' own parameters count too,
+their shared embedding and head once). The active count is what one token's computation multiplies:
 the routed experts it is sent to (``top_k``, not all) and no embedding table (a lookup):
 36.6B for DeepSeek-V3 (published 37B), 20.9B for V2 (21B), 2.45B for V2-Lite (2.4B). The
 published figures are rounded; tests/unit/test_deepseek_v3.py pins ours."""
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed.layout_rules import (
     check_moe_tensor_parallel,
+    check_multi_token_prediction,
     check_tensor_parallel_shapes,
 )
 from torchtitan_like.models.moe import MoEArgs
@@ -59,6 +61,8 @@ class DeepSeekV3Args(BaseModelArgs):
     rope_scaling: YarnScaling | None = YarnScaling()
     max_seq_len: int = 4096  # rows of the RoPE table; set to training.seq_len by the trainer
     depth_init: bool = True  # init std of output projections shrinks with layer depth
+    mtp_depth: int = 0  # multi-token prediction modules (mtp.py); DeepSeek-V3 trains with 1
+    mtp_loss_weight: float = 0.3  # lambda of the MTP loss (DeepSeek-V3: 0.3, later 0.1)
 
     tie_word_embeddings = False  # the head has its own weight (read by llama's TP edges)
 
@@ -88,6 +92,12 @@ class DeepSeekV3Args(BaseModelArgs):
         if self.qk_rope_head_dim % 2:
             raise ConfigError(f"{flavor}: qk_rope_head_dim {self.qk_rope_head_dim} must be even "
                               "(RoPE rotates pairs)")
+        if self.mtp_depth < 0 or self.mtp_loss_weight < 0:
+            raise ConfigError(f"{flavor}: mtp_depth {self.mtp_depth} and mtp_loss_weight "
+                              f"{self.mtp_loss_weight} must be >= 0")
+        if self.mtp_depth:
+            check_multi_token_prediction(parallel_dims.cp, parallel_dims.pp,
+                                         job_config.compile.compiles_blocks, flavor)
         if not 0 <= self.n_dense_layers <= self.n_layers:
             raise ConfigError(f"{flavor}: n_dense_layers {self.n_dense_layers} must be in "
                               f"0..n_layers ({self.n_layers})")
@@ -117,12 +127,23 @@ class DeepSeekV3Args(BaseModelArgs):
         shared = 3 * d * self.moe_inter_dim * m.num_shared_experts
         return d * m.num_experts + 3 * experts * d * self.moe_inter_dim + shared
 
+    def _block(self, layer_id: int, routed_experts: int) -> int:
+        attention = self._attention_params() + 2 * self.dim  # + two RMSNorm weights
+        if layer_id < self.n_dense_layers:
+            return attention + 3 * self.dim * self.inter_dim
+        return attention + self._moe_params(routed_experts)
+
+    def _mtp_params(self, routed_experts: int) -> int:
+        """The MTP depths' own parameters (mtp.py): three norms, the 2 dim -> dim projection
+        and a block each; embedding and head are shared."""
+        return sum(3 * self.dim + 2 * self.dim * self.dim + self._block(self.n_layers + k,
+                                                                        routed_experts)
+                   for k in range(self.mtp_depth))
+
     def _count(self, routed_experts_per_layer: int) -> int:
-        block = self._attention_params() + 2 * self.dim  # + two RMSNorm weights
-        dense = self.n_dense_layers * (block + 3 * self.dim * self.inter_dim)
-        moe_layers = self.n_layers - self.n_dense_layers
-        sparse = moe_layers * (block + self._moe_params(routed_experts_per_layer))
-        return dense + sparse + 2 * self.vocab_size * self.dim + self.dim  # + final norm
+        blocks = sum(self._block(i, routed_experts_per_layer) for i in range(self.n_layers))
+        return (blocks + 2 * self.vocab_size * self.dim + self.dim  # + final norm
+                + self._mtp_params(routed_experts_per_layer))
 
     def num_routed_experts(self) -> int:
         return self.moe.num_experts if self.n_layers > self.n_dense_layers else 0
@@ -138,10 +159,12 @@ class DeepSeekV3Args(BaseModelArgs):
     def flops_per_token(self, seq_len: int) -> int:
         """6 FLOPs per *active* weight (2 forward, 4 backward), so MFU is right for MoE, plus
         attention: per layer and head, QK^T over qk_head_dim and AV over v_head_dim cost
-        2 * seq_len * (qk + v) forward, x3 with backward (the full score matrix, as llama3)."""
-        attention = (6 * self.n_layers * self.n_heads * seq_len
-                     * (self.qk_head_dim + self.v_head_dim))
-        return 6 * self.num_active_params() + attention
+        2 * seq_len * (qk + v) forward, x3 with backward (the full score matrix, as llama3).
+        Each MTP depth adds its block's attention and multiplies by the shared head again."""
+        layers = self.n_layers + self.mtp_depth
+        attention = 6 * layers * self.n_heads * seq_len * (self.qk_head_dim + self.v_head_dim)
+        head_again = self.mtp_depth * self.vocab_size * self.dim
+        return 6 * (self.num_active_params() + head_again) + attention
 
 
 _DEBUG = DeepSeekV3Args(

@@ -8,6 +8,14 @@ one to one. RoPE needs no permutation: both models rotate DeepSeek's interleaved
 (``rope_interleave``). The selection bias is HF's ``e_score_correction_bias``. Only the
 DeepSeek-V3 gating (sigmoid scores, shared experts) has this HF class; the softmax-gated V2
 flavors are refused. The logits test is tests/e2e/test_hf_deepseek_v3.py.
+
+Multi-token prediction (``mtp_depth``, mtp.py): depth k is the Hub's layer n_layers + k
+(``model.layers.61.*`` in DeepSeek-V3's checkpoint): its block under the usual names, plus
+``enorm``, ``hnorm``, ``eh_proj``, ``shared_head.norm`` and copies of the shared embedding
+(``embed_tokens``) and head (``shared_head.head``), which export writes and import drops (the
+model shares the main ones). transformers' ``DeepseekV3ForCausalLM`` does not run these layers
+(it ignores them on load); importing a checkpoint with more MTP layers than ``mtp_depth``
+ignores the extra ones likewise.
 """
 
 from __future__ import annotations
@@ -50,6 +58,16 @@ _BLOCK = {
     "moe.shared_experts.w2.weight": "mlp.shared_experts.down_proj.weight",
     "moe.shared_experts.w3.weight": "mlp.shared_experts.up_proj.weight",
 }
+_MTP_OWN = {  # an MTP depth's own modules (mtp.py); its block's names are _BLOCK's
+    "enorm.weight": "enorm.weight",
+    "hnorm.weight": "hnorm.weight",
+    "eh_proj.weight": "eh_proj.weight",
+    "norm.weight": "shared_head.norm.weight",
+}
+_MTP_SHARED = {"embed_tokens.weight": "tok_embeddings.weight",
+               "shared_head.head.weight": "output.weight"}
+"""The copies of the shared embedding and head each MTP layer of the Hub checkpoint holds."""
+_OURS_MTP = re.compile(r"mtp\.depths\.(\d+)\.(.+)")
 _OURS = re.compile(r"layers\.(\d+)\.(.+)")
 _THEIRS = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _SHARDED_HINT = ("deepseek_v3 reads HuggingFace weights into a sharded model only through a "
@@ -66,11 +84,34 @@ class DeepSeekV3HFAdapter:
         self._from_block = {v: k for k, v in _BLOCK.items()}
         self._from_top = {v: k for k, v in _TOP.items()}
 
+    def _to_layer_names(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """MTP depth k's names -> those of layer n_layers + k, as the Hub checkpoint numbers
+        them (``model.layers.61.*`` for DeepSeek-V3), with its copies of embedding and head."""
+        out, n = {}, self.args.n_layers
+        for key, value in state_dict.items():
+            m = _OURS_MTP.fullmatch(key)
+            if not m:
+                out[key] = value
+                continue
+            layer, rest = n + int(m.group(1)), m.group(2)
+            if rest in _MTP_OWN:
+                out[f"mtp_own.{layer}.{_MTP_OWN[rest]}"] = value
+            else:
+                out[f"layers.{layer}.{rest.removeprefix('block.')}"] = value
+        for k in range(self.args.mtp_depth):
+            out.update({f"mtp_own.{n + k}.{theirs}": state_dict[ours]
+                        for theirs, ours in _MTP_SHARED.items() if ours in state_dict})
+        return out
+
     def to_hf(self, state_dict: dict[str, Any]) -> dict[str, Any]:
-        """Our FQNs -> HF names; stacked experts become one tensor per expert (views)."""
+        """Our FQNs -> HF names; stacked experts become one tensor per expert (views); MTP
+        depths become the layers after the last (``_to_layer_names``)."""
         self._require_v3_gating()
         out = {}
-        for key, value in state_dict.items():
+        for key, value in self._to_layer_names(state_dict).items():
+            if key.startswith("mtp_own."):
+                out[f"model.layers.{key.removeprefix('mtp_own.')}"] = value
+                continue
             if key in _TOP:
                 out[_TOP[key]] = value
                 continue
@@ -97,7 +138,11 @@ class DeepSeekV3HFAdapter:
                 out[self._from_top[key]] = value
                 continue
             m = _THEIRS.fullmatch(key)
+            if m and int(m.group(1)) >= self.args.n_layers + self.args.mtp_depth:
+                continue  # an MTP layer this model does not train (as transformers ignores it)
             if m and collect_expert(m.group(1), m.group(2), value, experts):
+                continue
+            if m and int(m.group(1)) >= self.args.n_layers and self._from_mtp(m, value, out):
                 continue
             if m and m.group(2) in self._from_block:
                 out[f"layers.{m.group(1)}.{self._from_block[m.group(2)]}"] = value
@@ -106,6 +151,28 @@ class DeepSeekV3HFAdapter:
         out.update(stack_experts(experts))
         if self.args.moe.load_balance_coeff is None:
             self._drop_zero_biases(out)
+        return self._to_mtp_names(out)
+
+    def _from_mtp(self, m: re.Match, value: Any, out: dict[str, Any]) -> bool:
+        """An MTP layer's own tensor (True: taken or, for the copies of the shared embedding
+        and head, dropped); False for its block's tensors."""
+        prefix = f"mtp.depths.{int(m.group(1)) - self.args.n_layers}."
+        if m.group(2) in _MTP_SHARED:
+            return True
+        own = {v: k for k, v in _MTP_OWN.items()}
+        if m.group(2) in own:
+            out[prefix + own[m.group(2)]] = value
+            return True
+        return False
+
+    def _to_mtp_names(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``layers.{n_layers + k}.*`` (an MTP depth's block) -> ``mtp.depths.{k}.block.*``."""
+        out = {}
+        for key, value in state.items():
+            m = _OURS.fullmatch(key)
+            if m and int(m.group(1)) >= self.args.n_layers:
+                key = f"mtp.depths.{int(m.group(1)) - self.args.n_layers}.block.{m.group(2)}"
+            out[key] = value
         return out
 
     def _require_v3_gating(self) -> None:
@@ -137,6 +204,7 @@ class DeepSeekV3HFAdapter:
             "scoring_func": "sigmoid", "topk_method": "noaux_tc", "rope_interleave": True,
             "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False,
             "initializer_range": 0.02, "torch_dtype": _DTYPE_NAMES[dtype],
+            "num_nextn_predict_layers": a.mtp_depth,
         }
 
     def _shape(self) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from torch import nn
 
 from torchtitan_like.models.attention_masks import AttentionMask, attention, build_mask
 from torchtitan_like.models.deepseek_v3.args import DeepSeekV3Args, YarnScaling
+from torchtitan_like.models.deepseek_v3.mtp import MTPLoss
 from torchtitan_like.models.llama3.model import FeedForward
 from torchtitan_like.models.moe import MoE
 
@@ -131,7 +132,8 @@ class DeepSeekV3Block(nn.Module):
         self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
         self.moe_enabled = layer_id >= args.n_dense_layers
         if self.moe_enabled:
-            self.moe = MoE(args.dim, args.moe_inter_dim, args.moe, layer_id, args.n_layers)
+            self.moe = MoE(args.dim, args.moe_inter_dim, args.moe, layer_id,
+                           args.n_layers + args.mtp_depth)  # MTP blocks are layers too
         else:
             self.feed_forward = FeedForward(args.dim, args.inter_dim)
         depth = layer_id + 1 if args.depth_init else args.n_layers
@@ -160,6 +162,8 @@ class DeepSeekV3Model(nn.Module):
         )
         self.norm: nn.RMSNorm | None = nn.RMSNorm(args.dim, eps=args.norm_eps)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
+        # multi-token prediction (mtp.py): None without it
+        self.mtp: MTPLoss | None = MTPLoss(args, DeepSeekV3Block) if args.mtp_depth else None
         self.register_buffer("rope_cache", rope_cache(args), persistent=False)
 
     def forward(self, tokens: torch.Tensor, document_ids: torch.Tensor | None = None
@@ -171,6 +175,8 @@ class DeepSeekV3Model(nn.Module):
         mask = None if document_ids is None else build_mask(document_ids)
         for layer in self.layers.values():
             h = layer(h, self.rope_cache, mask=mask)
+        if self.mtp is not None:  # its loss term rides on h (mtp.py); PP is refused with it
+            h = self.mtp(h, tokens, self.tok_embeddings, self.output, self.rope_cache, mask)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
 
@@ -187,3 +193,5 @@ class DeepSeekV3Model(nn.Module):
         if self.output is not None:
             std = self.args.dim**-0.5
             nn.init.trunc_normal_(self.output.weight, std=std, a=-3 * std, b=3 * std)
+        if self.mtp is not None:  # last: the main model draws the numbers it draws without
+            self.mtp.init_weights()

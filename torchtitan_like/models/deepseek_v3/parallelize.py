@@ -29,10 +29,11 @@ from __future__ import annotations
 from functools import partial
 
 from torch import nn
-from torch.distributed.tensor.parallel import ParallelStyle, SequenceParallel
+from torch.distributed.tensor.parallel import ParallelStyle, SequenceParallel, parallelize_module
 
 from torchtitan_like.components.optimizer import OptimizersContainer
 from torchtitan_like.config.job_config import JobConfig
+from torchtitan_like.distributed.activation_checkpoint import apply_ac
 from torchtitan_like.distributed.local_tp import LocalTensorParallel, moe_tp_plan
 from torchtitan_like.distributed.parallel_dims import Meshes, ParallelDims
 from torchtitan_like.distributed.plan_toolkit import apply_block_tail, swiglu_plan
@@ -66,16 +67,40 @@ def parallelize_deepseek_v3(
     model: DeepSeekV3Model, parallel_dims: ParallelDims, meshes: Meshes, config: JobConfig
 ) -> DeepSeekV3Model:
     """TP -> EP -> AC -> FSDP (one unit per block, the embedding, and norm + head, as llama3;
-    under EP each experts module first gets its own unit over the expert-FSDP mesh)."""
+    under EP each experts module first gets its own unit over the expert-FSDP mesh). The MTP
+    depths (mtp.py) get the blocks' TP plan, EP and AC (wrapped before EP: EP changes the
+    experts in place, so the order does not matter), and one FSDP unit each after the head."""
+    block_plan = partial(block_tp_plan, expert_parallel=parallel_dims.ep_enabled,
+                         experts_over_tp=parallel_dims.etp > 1)
+    mtp = model.mtp.depths if model.mtp is not None else nn.ModuleDict()
     if parallel_dims.tp_enabled:
         apply_tp(model, meshes.tp, loss_parallel=parallel_dims.loss_parallel_enabled,
-                 block_plan=partial(block_tp_plan, expert_parallel=parallel_dims.ep_enabled,
-                                    experts_over_tp=parallel_dims.etp > 1))
+                 block_plan=block_plan)
+        for depth in mtp.values():
+            parallelize_module(depth, meshes.tp, mtp_tp_plan(depth, meshes.tp.device_type,
+                                                             block_plan))
         maybe_enable_async_tp(config.parallelism.enable_async_tensor_parallel, meshes.tp)
+    apply_ac(mtp, config.activation_checkpoint)  # the MTP depths, each as one block
+    blocks = [*model.layers.values(), *(depth.block for depth in mtp.values())]
     apply_block_tail(model, model.layers, parallel_dims, meshes, config,
-                     before=[[model.tok_embeddings]], after=[[model.norm, model.output]],
-                     routed_experts=routed_experts(model.layers.values()))
+                     before=[[model.tok_embeddings]],
+                     after=[[model.norm, model.output], *([depth] for depth in mtp.values())],
+                     routed_experts=routed_experts(blocks))
     return model
+
+
+def mtp_tp_plan(depth: nn.Module, device_type: str,
+                block_plan: partial) -> dict[str, ParallelStyle]:
+    """One MTP depth (mtp.py) on sequence-sharded hidden states: its norms and the
+    token-wise projection sequence parallel (replicated weights, gradients summed over TP),
+    its block as the model's blocks."""
+    plan: dict[str, ParallelStyle] = {
+        "enorm": SequenceParallel(), "hnorm": SequenceParallel(), "norm": SequenceParallel(),
+        "eh_proj": SequenceParallel(use_local_output=True),
+    }
+    plan.update({f"block.{name}": style
+                 for name, style in block_plan(depth.block, device_type).items()})
+    return plan
 
 
 def register_optimizer_hooks(model_parts: list[nn.Module], optimizers: OptimizersContainer,

@@ -46,7 +46,8 @@ def predict_stage_peaks(config: JobConfig, num_gpus: int, gpu: GPU) -> list[Memo
 
 def _precision(config: JobConfig) -> Precision:
     t = config.training
-    return Precision(master_bytes=DTYPES[t.dtype].itemsize,
+    bf16_moments = config.optimizer.state_dtype == "bfloat16"
+    return Precision(master_bytes=DTYPES[t.dtype].itemsize, state_bytes=2 if bf16_moments else 0,
                      compute_bytes=DTYPES[t.mixed_precision_param].itemsize,
                      reduce_bytes=DTYPES[t.mixed_precision_reduce].itemsize)
 

@@ -118,6 +118,13 @@ class Precision:
     """Gradient reduce-scatter / all-reduce (training.mixed_precision_reduce)."""
     optimizer_states: int = 2
     """Tensors the optimizer keeps per parameter: Adam's exp_avg and exp_avg_sq."""
+    state_bytes: int = 0
+    """Bytes of one optimizer state element: 2 with bf16 moments (optimizer.state_dtype);
+    0 = master_bytes (torch keeps Adam's states in the parameters' dtype)."""
+
+    @property
+    def optimizer_state_bytes(self) -> int:
+        return self.state_bytes or self.master_bytes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,7 @@ n = dp_shard x cp ranks (ZeRO-3), and Adam's two states:
                                           reshard, every unit of the stage without it)
     gradients   P_s/tp/n x master        (+ the unsharded gradient of the unit in backward;
                                           under PP: P_s/tp x reduce, see below)
-    optimizer   P_s/tp/n x 2 x master
+    optimizer   P_s/tp/n x 2 x state     (state = master; 2 with bf16 moments)
 
 master = 4 (fp32 weights and states, ``training.dtype``); compute = 2 (bf16,
 ``mixed_precision_param``); reduce = 4 (``mixed_precision_reduce``): 16 bytes per parameter
@@ -116,7 +116,8 @@ def _weights(m: ModelShape, work: Workload, layout: Layout, local: float, gather
     prec, cb, n = work.precision, work.precision.compute_bytes, layout.fsdp_degree
     unit = m.gathered_block_params(layout.tp, expert_split(layout))
     master = local / n * prec.master_bytes
-    w = _Weights(master, master * prec.optimizer_states, prec.master_bytes / n)
+    w = _Weights(master, local / n * prec.optimizer_states * prec.optimizer_state_bytes,
+                 prec.master_bytes / n)
     if layout.fsdp_enabled:
         if layout.reshard:  # only the unit that runs is gathered
             w.gathered_layer = unit * cb

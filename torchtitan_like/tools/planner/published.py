@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from torchtitan_like.tools.planner.inputs import GPUS, Cluster, Layout, Workload
+from torchtitan_like.tools.planner.inputs import GPUS, Cluster, Layout, Precision, Workload
 
 TORCHTITAN = ("TorchTitan docs/performance.md = benchmarks/llama3_h100_202412_torchtitan.md "
               "(Llama 3.1, torch/torchao/torchtitan of 2024-12; H100 96 GB HBM2e at 500 W)")
@@ -171,7 +171,8 @@ PUBLISHED_RUNS: list[PublishedRun] = [
             _LLAMA3_ASSUMED + "; no activation checkpointing, as at 8K",
             cp_algorithm="gathered_kv"),
     PublishedRun("DeepSeek-V3 671B, 2,048 H800, PP 16 x EP 64, no TP", DEEPSEEK_V3, "671B",
-                 Cluster(GPUS["H800"], 8, 256), Workload(seq_len=4096, global_batch=15360),
+                 Cluster(GPUS["H800"], 8, 256),
+                 Workload(seq_len=4096, global_batch=15360, precision=Precision(state_bytes=2)),
                  Layout(pp=16, dp_shard=128, ep=64, local_batch_size=1, ac="op", float8=True,
                         pp_schedule="DualPipeV", ep_overlapped=True),
                  tokens_per_second_per_gpu=DEEPSEEK_V3_TOKENS / (DEEPSEEK_V3_GPU_HOURS * 3600),
@@ -179,7 +180,8 @@ PUBLISHED_RUNS: list[PublishedRun] = [
                  inputs="seq 4096, global batch 15360 sequences (its value after the first 469B "
                  "tokens), PP 16 (DualPipe: 2 chunks per rank, timed as DualPipeV) x EP 64 "
                  "over 8 nodes, ZeRO-1 data parallelism (modelled as FSDP: same time, less "
-                 "memory), no TP, FP8 GEMMs (as Float8), RMSNorm and MLA up-projections "
+                 "memory), no TP, FP8 GEMMs (as Float8), bf16 Adam moments (2 + 2 bytes per "
+                 "parameter, section 3.3.1), RMSNorm and MLA up-projections "
                  "recomputed (as op-level AC); DualPipe hides the all-to-all behind another "
                  "microbatch's compute (section 3.2.1: near-zero all-to-all overhead), which "
                  "this platform does not do (ep_overlapped); published: 14.8T tokens in "
