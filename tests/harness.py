@@ -88,9 +88,10 @@ def write_corpus(path: Path, documents: int = 300, seed: int = 0) -> None:
 
 
 def env() -> dict[str, str]:
-    # gloo process groups of a restarted job cannot reuse torchrun's shared rendezvous store.
+    """A launch's environment. torchrun's rendezvous store stays shared with the workers (no
+    port picked free and bound later: distributed/utils.init_distributed)."""
     return {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1",
-            "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+            "OMP_NUM_THREADS": "1"}
 
 
 def job_args(overrides: list[str], dump_folder: Path, corpus: Path) -> list[str]:

@@ -111,3 +111,20 @@ def test_cpu_peak_is_measured_once_per_process():
 
     first = measure_cpu_tflops(torch.float32)
     assert first > 0 and measure_cpu_tflops(torch.float32) is first
+
+
+def test_lines_that_are_no_records_are_dropped_on_resume(tmp_path, caplog):
+    """Valid JSON that is no record (``{}``, ``null``, a number) is dropped with a warning,
+    like a torn line, instead of breaking every resume."""
+    lines = ['{"step": 1, "loss": 1.0}', "{}", "null", "7", '{"step": "2"}', '{"step": 2}',
+             '{"step": 3, "lo']
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    resumed = MetricsLogger(dump_folder=str(tmp_path), writer=True, enable_tensorboard=False,
+                            tb_folder="tb", device=torch.device("cpu"), flops_per_token=1,
+                            peak=None, replica_devices=1, world_size=1, resume_step=2)
+    resumed.log(3, {"loss": 3.0, "grad_norm": 0.0, "lr": 0.1})
+    resumed.close()
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r.get("resumed")) for r in records] == [
+        (1, None), (2, None), (2, True), (3, None)]
+    assert "metrics.jsonl:2: dropped a line that is no record '{}'" in caplog.text

@@ -61,7 +61,12 @@ UNSUPPORTED: dict[str, str] = {
                                                "weights",
     "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns":
         "selective op AC saves every matmul",
-    "comm": "process groups use torch's default timeouts and flight recorder settings",
+    "comm.trace_buf_size": "NCCL's flight recorder is set by its environment variables "
+                           "(TORCH_FR_BUFFER_SIZE)",
+    "comm.save_traces_folder": "NCCL's flight recorder is set by its environment variables "
+                               "(TORCH_FR_DUMP_TEMP_FILE)",
+    "comm.save_traces_file_prefix": "NCCL's flight recorder is set by its environment "
+                                    "variables (TORCH_FR_DUMP_TEMP_FILE)",
     "fault_tolerance": "TorchFT is not integrated; MAX_RESTARTS=N ./run_train.sh restarts the "
                        "job from its latest checkpoint",
     "memory_estimation": "use scripts/plan.py, which estimates memory per layout",
