@@ -41,6 +41,13 @@ if [[ "$NNODES" -gt 1 ]]; then
 fi
 
 export TORCHAO_FORCE_SKIP_LOADING_SO_FILES="${TORCHAO_FORCE_SKIP_LOADING_SO_FILES:-1}"
+# On one node the workers meet in the agent's rendezvous store, bound before they start (no
+# port picked free and taken by another job first). On several nodes each agent counts its own
+# restarts (the counts can differ), so restarted workers could not agree on a fresh namespace
+# of the shared store: torch's store of rank 0 per attempt instead (docs/operating-a-run.md).
+if [[ "$NNODES" -gt 1 ]]; then
+  export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
+fi
 
 # Check the job in one process first: a bad config or dataset is one line and exit code 2 (a
 # dump folder a running job holds: 6), before torchrun starts; --help and --print_config are

@@ -17,6 +17,7 @@ additions, and the launcher ends like a job:
   own end) first sends SIGCONT to every worker's process group (a stopped worker cannot act on
   SIGTERM, so torchrun would wait out its 30 s shutdown timeout) and SIGKILL afterwards: torch
   signals only the workers still alive, so a SIGKILLed worker's DCP writer process would stay.
+  (The agent frames the close method of the process context it started.)
 - **Workers that die with it.** Workers learn the launcher's pid for their watchdog
   (``lifecycle.die_with_agent``) and meet in the agent's own rendezvous store, whose port the
   agent bound before they started (``distributed/utils.init_distributed``): no port is picked
@@ -34,7 +35,7 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,6 @@ class Outcome:
 
     records: Path
     failure: Failure | None = None
-    restarts_left: int = 0
 
 
 def _signal_groups(pgids: list[int], sig: signal.Signals) -> None:
@@ -70,14 +70,11 @@ def _signal_groups(pgids: list[int], sig: signal.Signals) -> None:
             os.killpg(pgid, sig)
 
 
-def _unrecorded(result: RunResult) -> Failure | None:
-    """A failure that left no record (a signal, a crash before the job's main): torch's."""
-    if not result.failures:
-        return None
-    rank, failure = min(result.failures.items(), key=lambda item: item[1].timestamp)
-    line = (f"killed by {failure.signal_name()}" if failure.exitcode < 0
-            else f"exited with code {failure.exitcode}")
-    return Failure(rank, failure.exitcode, line, float(failure.timestamp))
+def _unrecorded(result: RunResult, recorded: set[int]) -> list[Failure]:
+    """The failures torch saw that left no record (a signal, a crash before the job's main)."""
+    return [Failure(rank, f.exitcode, f"killed by {f.signal_name()}" if f.exitcode < 0
+                    else f"exited with code {f.exitcode}", float(f.timestamp))
+            for rank, f in result.failures.items() if rank not in recorded]
 
 
 class JobAgent(LocalElasticAgent):
@@ -90,23 +87,35 @@ class JobAgent(LocalElasticAgent):
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result = super()._monitor_workers(worker_group)
         if result.is_failed():
-            attempt = worker_group.spec.max_restarts - self._remaining_restarts
-            failure = (first_failure(read_failures(self._outcome.records, attempt))
-                       or _unrecorded(result))
+            spec = worker_group.spec
+            attempt = spec.max_restarts - self._remaining_restarts
+            records = read_failures(self._outcome.records, attempt)
+            failure = first_failure(records + _unrecorded(result, {f.rank for f in records}))
             if failure is not None and failure.code in FINAL:
                 self._remaining_restarts = 0
-            self._outcome.failure, self._outcome.restarts_left = failure, self._remaining_restarts
+            self._outcome.failure = failure
             if failure is not None and self._remaining_restarts > 0:
-                print(f"[launch] {describe(failure)}; restarting the job "
-                      f"({self._remaining_restarts} restart(s) left)", file=sys.stderr,
-                      flush=True)
+                print(f"[launch] {describe(failure)}; restarting the job (restart "
+                      f"{attempt + 1} of {spec.max_restarts})", file=sys.stderr, flush=True)
         return result
 
-    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
-        pgids = [w.id for w in self._worker_group.workers if isinstance(w.id, int)]
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        pids = super()._start_workers(worker_group)
+        self._pcontext.close = _continued_and_reaped(self._pcontext.close, list(pids.values()))
+        return pids
+
+
+def _continued_and_reaped(close: Callable[..., None], pgids: list[int]) -> Callable[..., None]:
+    """torch's way of stopping the workers (on a failure, a restart, the agent's end),
+    framed by SIGCONT to every worker's process group (a stopped worker cannot act on SIGTERM,
+    and torch would wait 30 s for it) and SIGKILL after (torch signals only the workers still
+    alive: a SIGKILLed worker's DCP writer process would stay)."""
+    def stop(*args: Any, **kwargs: Any) -> None:
         _signal_groups(pgids, signal.SIGCONT)
-        super()._shutdown(death_sig, timeout)
+        close(*args, **kwargs)
         _signal_groups(pgids, signal.SIGKILL)
+
+    return stop
 
 
 def describe(failure: Failure) -> str:

@@ -3,13 +3,16 @@ resume from an earlier checkpoint, a refused fresh re-run and an overwriting re-
 
 The jobs run in this process (``train.run``, the trainer's job function without the process
 exit) in a gloo group of one. The resume (``load_step = 2`` of a 4-step run, 6 steps now)
-drops the records and events of steps 3-4 and continues; a fresh run (checkpoints off) into the
-folder is refused with one line and changes nothing; with ``[job] overwrite`` the earlier
-outputs move to ``archive/<time>/`` intact and the folder holds the new run only.
+drops the records and events of steps 3-4 and continues; a fresh run (checkpoints off) into
+the folder is refused with one line and changes nothing; with ``[job] overwrite`` the earlier
+outputs move to ``archive/<time>/`` intact and the folder holds the new run only. (The first
+run also shows the world group on ``[comm] train_timeout_seconds`` after the first step.)
 """
 
+import datetime
 from pathlib import Path
 
+import torch
 from harness import job_args, read_metrics
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -48,7 +51,9 @@ def test_tensorboard_equals_metrics_through_resume_refusal_and_overwrite(
     def job(*overrides: str) -> int:
         return run(job_args([*TB, *overrides], folder, corpus))
 
-    assert job(*CKPT, "--training.steps=4") == ExitCode.OK
+    assert job(*CKPT, "--training.steps=4", "--comm.train_timeout_seconds=77") == ExitCode.OK
+    world = torch.distributed.group.WORLD._get_backend(torch.device("cpu"))
+    assert world.options._timeout == datetime.timedelta(seconds=77)  # after the first step
     first = same_view(folder)
     assert sorted(first) == [1, 2, 3, 4]
 

@@ -1,13 +1,15 @@
 """A fork subclasses Trainer and runs it through main(trainer_cls=...): its overrides of
-post_dataloading_process and forward_backward are the ones the loop calls."""
+post_dataloading_process and forward_backward are the ones the loop calls. (The test calls
+``run``, main's body: main then ends the process with run's exit code.)"""
 
 from typing import ClassVar
 
 import torch
+import torch.distributed as dist
 from harness import job_args, read_metrics
 
 from torchtitan_like.components.loss import IGNORE_INDEX
-from torchtitan_like.train import Trainer, main
+from torchtitan_like.train import Trainer, run
 
 
 class FirstHalfOnly(Trainer):
@@ -31,8 +33,9 @@ def test_main_runs_the_subclass_and_its_overrides(tmp_path, corpus, monkeypatch)
     argv = job_args(["--training.steps=2", "--training.local_batch_size=4",
                      "--validation.enable=false"], tmp_path, corpus)
     try:
-        main(argv, trainer_cls=FirstHalfOnly)
+        assert run(argv, trainer_cls=FirstHalfOnly) == 0
     finally:
+        dist.destroy_process_group()
         torch.use_deterministic_algorithms(False)
     # global batch 4 x 64 tokens, half of them labelled, one microbatch per step
     assert FirstHalfOnly.calls == [4 * 32, 4 * 32]

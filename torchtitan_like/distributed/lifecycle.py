@@ -137,8 +137,16 @@ def read_failures(folder: Path, attempt: int) -> list[Failure]:
 
 
 def first_failure(failures: list[Failure]) -> Failure | None:
-    """The cause among the records: the earliest failure a rank understood (its own exit code),
-    else the earliest at all. A rank that loses its peer fails too, a moment later and with a
-    generic error, so the understood one is the cause even when it was written later."""
-    understood = [f for f in failures if f.code > 1]
-    return (understood or failures or [None])[0]
+    """The cause among a failed attempt's failures (codes below 0 are deaths by a signal):
+    the earliest that a rank understood (its own exit code); else the earliest death by a
+    signal other than SIGTERM (a kill, the OOM killer, a crash: the other ranks then fail a
+    moment later with a lost connection); else the earliest unexpected error; else the rest
+    (SIGTERM is how the agent stops the ranks still running)."""
+    def priority(failure: Failure) -> tuple[int, float]:
+        if failure.code > 1:
+            return 0, failure.time
+        if failure.code < 0 and failure.code != -signal.SIGTERM:
+            return 1, failure.time
+        return (2 if failure.code == 1 else 3), failure.time
+
+    return min(failures, key=priority, default=None)

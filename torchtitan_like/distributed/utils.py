@@ -42,7 +42,9 @@ def _store(timeout: datetime.timedelta) -> dist.Store | None:
     bound by rank 0 seconds later). Every attempt of a restarted job meets under its own
     prefix: the shared store outlives the attempts and still holds the previous attempt's gloo
     addresses, which restarted workers would otherwise read and fail to connect to
-    ("Gloo connectFullMesh failed ... Connection refused").
+    ("Gloo connectFullMesh failed ... Connection refused"). The prefix is torchrun's restart
+    count, which one agent keeps consistently; agents of several nodes count apart (pytorch
+    issues 108158, 135712), so run_train.sh turns the sharing off for multi-node jobs.
     """
     if "RANK" not in os.environ:
         return dist.HashStore()
