@@ -119,6 +119,7 @@ def _continued_and_reaped(close: Callable[..., None], pgids: list[int]) -> Calla
 
 
 def describe(failure: Failure) -> str:
+    """A failure in the words of a restart notice."""
     return f"rank {failure.rank} failed: {failure.line}"
 
 
@@ -147,6 +148,7 @@ def final_line(failure: Failure | None) -> tuple[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run torchrun's command line; return the job's exit code (exit_codes.py)."""
     args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
     with tempfile.TemporaryDirectory(prefix="ttl-failures-") as records:
         os.environ[AGENT_PID_ENV] = str(os.getpid())

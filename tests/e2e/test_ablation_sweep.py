@@ -64,4 +64,4 @@ overrides = ["--parallelism.data_parallel_replicate_degree=3"]
     chart = out / "results.png"  # or a note in the table without the `plot` extra
     assert chart.is_file() or "No chart: matplotlib is not installed" in table
     assert (out / "impossible" / "train.log").read_text().startswith(
-        f"$ {sys.executable} -m torch.distributed.run --standalone --nproc_per_node=2 ")
+        f"$ {sys.executable} -m torchtitan_like.launch --standalone --nproc_per_node=2 ")

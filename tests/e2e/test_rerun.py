@@ -45,7 +45,7 @@ def same_view(folder: Path) -> dict[int, float]:
 
 
 def test_tensorboard_equals_metrics_through_resume_refusal_and_overwrite(
-        one_process_group, corpus, tmp_path, capfd):
+        one_process_group, corpus, tmp_path, capfd, caplog):
     folder = tmp_path / "job"
 
     def job(*overrides: str) -> int:
@@ -64,8 +64,10 @@ def test_tensorboard_equals_metrics_through_resume_refusal_and_overwrite(
 
     before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != "job.lock"}
     capfd.readouterr()
+    caplog.clear()
     assert job("--training.steps=3") == ExitCode.CONFIG  # fresh: checkpoints off
-    refusal = [line for line in capfd.readouterr().err.splitlines() if "error" in line]
+    said = capfd.readouterr().err + caplog.text  # the logger's handler, or pytest's capture
+    refusal = [line for line in said.splitlines() if "error" in line]
     assert len(refusal) == 1 and "config error: [job] dump_folder" in refusal[0]
     assert "holds another run's outputs (metrics.jsonl, 2 TensorBoard event file(s), 3 " \
            "checkpoint(s))" in refusal[0]
