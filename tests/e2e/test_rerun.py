@@ -5,11 +5,14 @@ The jobs run in this process (``train.run``, the trainer's job function without 
 exit) in a gloo group of one. The resume (``load_step = 2`` of a 4-step run, 6 steps now)
 drops the records and events of steps 3-4 and continues; a fresh run (checkpoints off) into
 the folder is refused with one line and changes nothing; with ``[job] overwrite`` the earlier
-outputs move to ``archive/<time>/`` intact and the folder holds the new run only. (The first
-run also shows the world group on ``[comm] train_timeout_seconds`` after the first step.)
+outputs move to ``archive/<time>/`` intact and the folder holds the new run only; a resume
+from a damaged checkpoint then fails with exit code 4 and leaves every file as it was. (The
+first run also shows the world group on ``[comm] train_timeout_seconds`` after the first
+step.)
 """
 
 import datetime
+import shutil
 from pathlib import Path
 
 import torch
@@ -79,3 +82,12 @@ def test_tensorboard_equals_metrics_through_resume_refusal_and_overwrite(
     assert same_view(archived) == resumed
     assert sorted(p.name for p in (archived / "checkpoint").iterdir()) == [
         "step-2", "step-4", "step-6"]
+
+    # A resume from a damaged checkpoint: exit 4, and the folder exactly as it was.
+    damaged = folder / "checkpoint" / "step-6"
+    shutil.copytree(archived / "checkpoint" / "step-6", damaged)
+    with (damaged / "__0_0.distcp").open("r+b") as f:
+        f.truncate(100)
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != "job.lock"}
+    assert job(*CKPT, "--training.steps=8") == ExitCode.CHECKPOINT
+    assert {p: p.read_bytes() for p in before} == before
