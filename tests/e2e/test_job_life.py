@@ -203,7 +203,7 @@ def test_a_killed_trainer_takes_its_writer_and_a_stopped_one_times_out(jobs):
     assert "[launch] rank 1 failed: killed by SIGKILL; restarting the job (restart 1 of 3)" in log
     assert "[launch] rank 0 failed: RuntimeError: [" in log and "Timed out waiting 10000ms" in log
     assert events["restart_s"] <= TRAIN_TIMEOUT_S + 60, events
-    assert resumes(folder) == 2
+    assert resumes(folder) == 1  # the third attempt was killed while starting
 
 
 def test_a_killed_launcher_leaves_no_process(jobs):
