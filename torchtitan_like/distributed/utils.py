@@ -34,19 +34,20 @@ PROCESS_GROUP_TIMEOUT_S = 300
 def _store(timeout: datetime.timedelta) -> dist.Store | None:
     """The store the process group meets in; None for torch's default (``env://``).
 
-    Alone (plain ``python -m torchtitan_like.train``, no torchrun): an in-memory store, so no
-    port is picked and bound later by someone else. Under torchrun with the agent's store shared
-    (``TORCHELASTIC_USE_AGENT_STORE``, torch's default): the agent bound that store's port before
-    any worker started, so there is no window in which another job can take the port (the
-    EADDRINUSE that ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` allows: a port picked free, then
-    bound by rank 0 seconds later). Every attempt of a restarted job meets under its own
-    prefix: the shared store outlives the attempts and still holds the previous attempt's gloo
-    addresses, which restarted workers would otherwise read and fail to connect to
+    A world of one (plain ``python -m torchtitan_like.train``, or one process under torchrun):
+    an in-memory store, so no port is picked and bound later by someone else. Under torchrun
+    with the agent's store shared (``TORCHELASTIC_USE_AGENT_STORE``, torch's default): the
+    agent bound that store's port before any worker started, so there is no window in which
+    another job can take the port (the EADDRINUSE that ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``
+    allows: a port picked free, then bound by rank 0 seconds later). Every attempt of a
+    restarted job meets under its own prefix: the shared store outlives the attempts and still
+    holds the previous attempt's gloo addresses, which restarted workers would otherwise read
+    and fail to connect to
     ("Gloo connectFullMesh failed ... Connection refused"). The prefix is torchrun's restart
     count, which one agent keeps consistently; agents of several nodes count apart (pytorch
     issues 108158, 135712), so run_train.sh turns the sharing off for multi-node jobs.
     """
-    if "RANK" not in os.environ:
+    if int(os.environ.get("WORLD_SIZE", 1)) == 1:
         return dist.HashStore()
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
@@ -63,7 +64,8 @@ def init_distributed(timeout_s: int = PROCESS_GROUP_TIMEOUT_S) -> torch.device:
     timeout = datetime.timedelta(seconds=timeout_s)
     store = _store(timeout)
     if "RANK" not in os.environ:  # plain `python -m torchtitan_like.train`: a world of one
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")  # DCP's writer process reads it
     if device_type() == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
