@@ -8,13 +8,14 @@ they start: no EADDRINUSE however many start together):
 - ``short`` trains 3 steps and exits 0 after "done" (no exit race);
 - ``chaos`` (async_with_pinned_mem saves every 2 steps, so each trainer has a DCP writer
   process; ``[comm] train_timeout_seconds = 10``; MAX_RESTARTS=3) holds its folder: a third
-  job there is refused before torchrun starts (exit 6, naming the holder). Then rank 1's
-  trainer is SIGKILLed: its writer process dies with it and the job restarts. After the
-  resume, rank 1 is SIGSTOPped in the middle of a save: rank 0's next collective times out
-  after the configured 10 s and the job restarts, within a bound derived from that timeout
-  (10 s + 60 s of stopping and monitoring slack, far below the 300 s and 30 min it took
-  before). Once the third attempt's workers exist, the launcher is SIGKILLed: every process
-  it started is gone (within 60 s: its workers may still be importing torch).
+  job there is refused by run_train.sh's check before torchrun starts (preflight.py, run in
+  this process; exit 6, naming the holder). Then rank 1's trainer is SIGKILLed: its writer
+  process dies with it and the job restarts. After the resume, rank 1 is SIGSTOPped in the
+  middle of a save: rank 0's next collective times out after the configured 10 s and the job
+  restarts, within a bound derived from that timeout (10 s + 60 s of stopping and monitoring
+  slack, far below the 300 s and 30 min it took before). Once the third attempt's workers
+  exist, the launcher is SIGKILLed: every process it started is gone (within 60 s: its
+  workers may still be importing torch).
 
 A config error raised on rank 1 only reaches the console with LOG_RANK=0, as the last line,
 with exit code 2, once although MAX_RESTARTS=3, and without torchrun's traceback. (A corrupt
@@ -23,7 +24,10 @@ checkpoint's exit code 4 and the data error's 5 are in test_rerun.py and test_pr
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -33,6 +37,8 @@ from pathlib import Path
 
 import pytest
 from harness import ROOT, env, read_metrics
+
+from torchtitan_like.preflight import main as preflight_main
 
 TRAIN_TIMEOUT_S = 10
 TINY = ["--model.flavor=tiny", "--training.seq_len=64", "--training.local_batch_size=2",
@@ -132,9 +138,8 @@ def jobs(corpus, tmp_path_factory):
     try:
         holder = wait_for(lambda: (folder / "job.lock").is_file() and
                           (folder / "job.lock").read_text(), START_S, "the chaos job's lock")
-        refused = subprocess.run(["./run_train.sh", f"--job.dump_folder={folder}"], cwd=ROOT,
-                                 env={**env(), "NPROC": "2", "PYTHON": sys.executable},
-                                 capture_output=True, text=True, timeout=300)
+        refused = preflight(["--job.config_file", str(ROOT / "train_configs/debug_model.toml"),
+                             f"--job.dump_folder={folder}"])
         events = _kill_stop_and_orphan(chaos, folder, log)
         return {"chaos": (folder, log.read_text(), events), "short": finish(short),
                 "refused": (json.loads(holder), refused)}
@@ -142,6 +147,21 @@ def jobs(corpus, tmp_path_factory):
         for proc in (chaos, short):
             if proc.poll() is None:
                 proc.kill()
+
+
+def preflight(argv: list[str]) -> tuple[int, str]:
+    """run_train.sh's check before torchrun starts, in this process (the lock holder is
+    another process either way): its exit code and what it logged; the logger is restored."""
+    logger = logging.getLogger("torchtitan_like")
+    saved = logger.handlers[:], logger.propagate, logger.level
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(out):
+            code = preflight_main(argv)
+    finally:
+        logger.handlers[:], logger.propagate = saved[0], saved[1]
+        logger.setLevel(saved[2])
+    return code, out.getvalue()
 
 
 def two_workers(launcher: int, attempt: int) -> dict[int, int] | None:
@@ -189,10 +209,10 @@ def test_jobs_started_together_finish_with_exit_code_0(jobs):
 
 
 def test_a_second_job_on_a_held_folder_is_refused_before_it_starts(jobs):
-    holder, refused = jobs["refused"]
+    holder, (code, said) = jobs["refused"]
     folder, log, _ = jobs["chaos"]
-    assert refused.returncode == 6, refused.stdout + refused.stderr
-    (line,) = (refused.stdout + refused.stderr).strip().splitlines()
+    assert code == 6, said
+    (line,) = said.strip().splitlines()
     assert f"dump folder in use: {folder} is used by a running job: pid {holder['pid']}" in line
     assert "step 1/100000" in log  # the holder was training, unharmed
 
