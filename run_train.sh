@@ -8,7 +8,7 @@
 #   NPROC (alias NGPU)  processes on this node; default: the number of GPUs, or 1 without one
 #   CONFIG_FILE         TOML config; default train_configs/debug_model.toml of the checkout
 #   LOG_RANK            ranks whose output is shown (comma-separated); default 0
-#   MAX_RESTARTS        torchrun restarts of the whole job after a failure; default 0
+#   MAX_RESTARTS        restarts of the whole job after a failure a restart can cure; default 0
 #   PYTHON              interpreter to use (default: ./.venv, created on first run)
 #
 # Multi-node: run the same command on every node with torchrun's rendezvous set, e.g.
@@ -40,18 +40,27 @@ if [[ "$NNODES" -gt 1 ]]; then
         --rdzv_endpoint="${RDZV_ENDPOINT:?set RDZV_ENDPOINT=host:port}" --rdzv_id="${RDZV_ID:-torchtitan_like}")
 fi
 
-# gloo process groups of a restarted job cannot reuse torchrun's shared rendezvous store.
-export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
 export TORCHAO_FORCE_SKIP_LOADING_SO_FILES="${TORCHAO_FORCE_SKIP_LOADING_SO_FILES:-1}"
+# On one node the workers meet in the agent's rendezvous store, bound before they start (no
+# port picked free and taken by another job first). On several nodes each agent counts its own
+# restarts (the counts can differ), so restarted workers could not agree on a fresh namespace
+# of the shared store: torch's store of rank 0 per attempt instead (docs/operating-a-run.md).
+if [[ "$NNODES" -gt 1 ]]; then
+  export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
+fi
 
-# Check the job in one process first: a bad config or dataset is one line and exit code 2,
-# before torchrun starts; --help and --print_config are answered there too.
+# Check the job in one process first: a bad config or dataset is one line and exit code 2 (a
+# dump folder a running job holds: 6), before torchrun starts; --help and --print_config are
+# answered there too.
 preflight=("$PYTHON" -m torchtitan_like.preflight --job.config_file "$CONFIG_FILE" "${USER_ARGS[@]}")
 for arg in "$@"; do
   case "$arg" in -h|--help|--print_config) WORLD_SIZE=$((NPROC * NNODES)) exec "${preflight[@]}" ;; esac
 done
 WORLD_SIZE=$((NPROC * NNODES)) "${preflight[@]}" || exit $?
 
-exec "$PYTHON" -m torch.distributed.run "${rdzv[@]}" --nproc_per_node="$NPROC" \
+# torchrun, ending like a job: the first failing rank's line and exit code (2 config, 3 diverged,
+# 4 checkpoint, 5 data, 6 dump folder in use), no restart of a failure that would repeat
+# (torchtitan_like/launch.py, docs/operating-a-run.md).
+exec "$PYTHON" -m torchtitan_like.launch "${rdzv[@]}" --nproc_per_node="$NPROC" \
   --max-restarts="${MAX_RESTARTS:-0}" --local-ranks-filter="$LOG_RANK" --role=rank --tee=3 \
   -m torchtitan_like.train --job.config_file "$CONFIG_FILE" "${USER_ARGS[@]}"

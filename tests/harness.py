@@ -88,9 +88,10 @@ def write_corpus(path: Path, documents: int = 300, seed: int = 0) -> None:
 
 
 def env() -> dict[str, str]:
-    # gloo process groups of a restarted job cannot reuse torchrun's shared rendezvous store.
+    """A launch's environment. torchrun's rendezvous store stays shared with the workers (no
+    port picked free and bound later: distributed/utils.init_distributed)."""
     return {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1",
-            "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+            "OMP_NUM_THREADS": "1"}
 
 
 def job_args(overrides: list[str], dump_folder: Path, corpus: Path) -> list[str]:
@@ -105,6 +106,33 @@ def build_trainer(overrides: list[str], dump_folder: Path, corpus: Path, device)
     from torchtitan_like.validate import parse_args
 
     return Trainer(parse_args(job_args(overrides, dump_folder, corpus), 1), device)
+
+
+def run_in_process(argv: list[str], trainer_cls=None) -> int:
+    """What ``train.main`` does (the logger set up, then ``train.run``: the job from its command
+    line to its exit code), without ending the test process; a process group of one. The
+    environment, the logger and torch's global settings are restored and the process group
+    destroyed afterwards."""
+    import torch
+    import torch.distributed as dist
+
+    from torchtitan_like import train
+    from torchtitan_like.logging import init_logger, logger
+
+    saved = dict(os.environ)
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(key, None)
+    handlers, propagate, level = logger.handlers[:], logger.propagate, logger.level
+    try:
+        init_logger()
+        return train.run(argv, *(() if trainer_cls is None else (trainer_cls,)))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        torch.use_deterministic_algorithms(False)
+        os.environ.clear()
+        os.environ.update(saved)
+        logger.handlers[:], logger.propagate, logger.level = handlers, propagate, level
 
 
 def launch(nproc: int, cases: dict[str, list[str]], workdir: Path, corpus: Path,

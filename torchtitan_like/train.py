@@ -13,16 +13,20 @@ import math
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
 
+from torchtitan_like.components import run_folder
 from torchtitan_like.components.checkpoint import CheckpointError, CheckpointManager
 from torchtitan_like.components.checkpoint.folder import finished_run
 from torchtitan_like.components.converters import build_converters
 from torchtitan_like.components.data.checks import describe_data
 from torchtitan_like.components.data.dataloader import build_dataloader, data_epoch
+from torchtitan_like.components.data.sources import DataError
 from torchtitan_like.components.data.tokenized import report_mixture
 from torchtitan_like.components.data.tokenizer import build_tokenizer
 from torchtitan_like.components.fault_injection import FaultInjector
@@ -33,6 +37,7 @@ from torchtitan_like.components.metrics import MetricsLogger, peak_tflops
 from torchtitan_like.components.model_hooks import StepHooks, attach_step_hooks
 from torchtitan_like.components.optimizer import OptimizersContainer
 from torchtitan_like.components.profiling import Profiler
+from torchtitan_like.components.run_folder import DumpFolderInUse
 from torchtitan_like.components.run_summary import describe_run
 from torchtitan_like.components.spikes import SpikeDetector, TrainingDiverged
 from torchtitan_like.components.stragglers import StepClock
@@ -40,11 +45,12 @@ from torchtitan_like.components.trackers import build_trackers
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.config.manager import to_toml
-from torchtitan_like.distributed import context_parallel, pipeline
+from torchtitan_like.distributed import context_parallel, lifecycle, pipeline
 from torchtitan_like.distributed import utils as dist_utils
 from torchtitan_like.distributed.compile import maybe_compile_loss, set_inductor_cache
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.plan_check import check_plan_applied
+from torchtitan_like.exit_codes import ExitCode
 from torchtitan_like.logging import init_logger, logger
 from torchtitan_like.models import attention_masks
 from torchtitan_like.models.registry import ModelSpec, model_spec_and_args
@@ -91,7 +97,8 @@ class Trainer:
         training = config.training
         # 1. Mesh, then the same seed everywhere.
         self.parallel_dims = ParallelDims.from_config(config, dist.get_world_size())
-        self.meshes = self.parallel_dims.build_meshes(self.device.type)
+        self.meshes = self.parallel_dims.build_meshes(self.device.type,
+                                                      config.comm.init_timeout_seconds)
         dist_utils.set_determinism(config.debug.seed, config.debug.deterministic)
         set_inductor_cache(config.compile, self.meshes)
 
@@ -367,33 +374,79 @@ def _nothing_left_to_do(config: JobConfig) -> str | None:
                         config.training.steps)
 
 
-def main(argv: list[str] | None = None, trainer_cls: type[Trainer] = Trainer) -> None:
-    """The trainer's entry point; a fork calls it with its own ``Trainer`` subclass."""
+EXPECTED_FAILURES: tuple[tuple[type[BaseException], str, ExitCode], ...] = (
+    (ConfigError, "config error", ExitCode.CONFIG),  # incl. what only the built model shows
+    (TrainingDiverged, "training diverged", ExitCode.DIVERGED),
+    (CheckpointError, "checkpoint error", ExitCode.CHECKPOINT),
+    (DataError, "data error", ExitCode.DATA),
+    (DumpFolderInUse, "dump folder in use", ExitCode.FOLDER_IN_USE),
+)
+"""Failures the job understands: one line ``<prefix>: <message>`` and their own exit code."""
+
+
+def report_failure(error: BaseException) -> int:
+    """Say why the job failed (one line, or the traceback of an unexpected error), leave the
+    line for the launcher (distributed/lifecycle.py), and return the exit code."""
+    if isinstance(error, SystemExit):  # --help, --print_config, a module that exits
+        return 0 if error.code is None else error.code if isinstance(error.code, int) else 1
+    known = [(prefix, code) for kind, prefix, code in EXPECTED_FAILURES if isinstance(error, kind)]
+    if known:
+        prefix, code = known[0]
+        line = f"{prefix}: {error}"
+        logger.error(line)
+    else:
+        logger.error("the job failed:", exc_info=error)
+        line = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
+        code = ExitCode.FAILED
+    lifecycle.record_failure(code, line)
+    return code
+
+
+def run(argv: list[str], trainer_cls: type[Trainer] = Trainer) -> int:
+    """The job from its command line to its exit code: parse and check the config, join the
+    process group, hold the dump folder (components/run_folder.py), build and train. After
+    the first step every training process group gets ``[comm] train_timeout_seconds``."""
+    trainer = None
+    try:
+        config = parse_args(argv, int(os.environ.get("WORLD_SIZE", 1)))
+        if done := _nothing_left_to_do(config):  # before any process group, file or model
+            logger.info(done)
+            return ExitCode.OK
+        device = dist_utils.init_distributed(config.comm.init_timeout_seconds)
+        with run_folder.claimed(config):
+            trainer = trainer_cls(config, device)
+            groups = [None, *dist_utils.mesh_groups(trainer.meshes.all())]
+            after_first_step(trainer.optimizers, lambda: dist_utils.set_timeout(
+                config.comm.train_timeout_seconds, groups))
+            trainer.train()
+    except BaseException as e:  # every way out gets its line and its code
+        return report_failure(e)
+    finally:
+        if trainer is not None:
+            trainer.metrics.close()  # TensorBoard's buffered events, also after a failure
+    return ExitCode.OK
+
+
+def after_first_step(optimizers: OptimizersContainer, fn: Callable[[], None]) -> None:
+    """Call ``fn`` once, right after the first optimizer step."""
+    handles = []
+
+    def once(*_: object) -> None:
+        for handle in handles:
+            handle.remove()
+        fn()
+
+    handles.extend(opt.register_step_post_hook(once) for opt in optimizers.optimizers[:1])
+
+
+def main(argv: list[str] | None = None, trainer_cls: type[Trainer] = Trainer) -> NoReturn:
+    """The trainer's entry point; a fork calls it with its own ``Trainer`` subclass. Ends the
+    process (distributed/lifecycle.py: with the torchrun agent, and without gloo's exit
+    race) with the job's exit code (exit_codes.py)."""
+    lifecycle.die_with_agent()
     init_logger()
     warnings.filterwarnings("ignore", message="'set_vital' is deprecated")  # torchdata 0.11
-    try:
-        config = parse_args(sys.argv[1:] if argv is None else argv,
-                            int(os.environ.get("WORLD_SIZE", 1)))
-    except ConfigError as e:
-        logger.error(f"config error: {e}")
-        raise SystemExit(2) from None
-    if done := _nothing_left_to_do(config):  # before any process group, file or model
-        logger.info(done)
-        return
-    device = dist_utils.init_distributed()
-    try:
-        trainer_cls(config, device).train()
-    except TrainingDiverged as e:
-        logger.error(f"training diverged: {e}")
-        raise SystemExit(3) from None
-    except CheckpointError as e:
-        logger.error(f"checkpoint error: {e}")
-        raise SystemExit(4) from None
-    except ConfigError as e:  # what only the built model shows (plan_check.py)
-        logger.error(f"config error: {e}")
-        raise SystemExit(2) from None
-    finally:
-        dist.destroy_process_group()
+    lifecycle.exit_process(run(sys.argv[1:] if argv is None else argv, trainer_cls))
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ overrides = ["--parallelism.data_parallel_replicate_degree=3"]
     lines: list[str] = []
     results = run_sweep(load_sweep(sweep_file), log=lines.append)
 
-    assert [r.status for r in results] == ["ok", "ok", "failed (exit 1)"]
+    assert [r.status for r in results] == ["ok", "ok", "failed (exit 2)"]  # a config error
     assert "[3/3] impossible" in "\n".join(lines) and "ETA" in lines[2]
     baseline, single, impossible = results
     assert [r["step"] for r in baseline.training] == [1, 2, 3]
@@ -58,10 +58,10 @@ overrides = ["--parallelism.data_parallel_replicate_degree=3"]
 
     out = tmp_path / "out"
     rows = (out / "results.csv").read_text().splitlines()
-    assert len(rows) == 4 and rows[3].startswith("impossible,failed (exit 1),2,0,")
+    assert len(rows) == 4 and rows[3].startswith("impossible,failed (exit 2),2,0,")
     table = (out / "results.md").read_text()
-    assert "| FSDP 2 | 2 | ok |" in table and "**impossible** (failed (exit 1))" in table
+    assert "| FSDP 2 | 2 | ok |" in table and "**impossible** (failed (exit 2))" in table
     chart = out / "results.png"  # or a note in the table without the `plot` extra
     assert chart.is_file() or "No chart: matplotlib is not installed" in table
     assert (out / "impossible" / "train.log").read_text().startswith(
-        f"$ {sys.executable} -m torch.distributed.run --standalone --nproc_per_node=2 ")
+        f"$ {sys.executable} -m torchtitan_like.launch --standalone --nproc_per_node=2 ")

@@ -1,16 +1,10 @@
 """A NaN loss stops the run with the step number, before the optimizer step; so does a loss
 spike under ``[spike] policy = "stop"``."""
 
-import os
 import subprocess
 import sys
 
-import pytest
-import torch
-from harness import ROOT, env, job_args, losses, read_metrics
-
-from torchtitan_like.logging import logger
-from torchtitan_like.train import main
+from harness import ROOT, env, job_args, losses, read_metrics, run_in_process
 
 
 def test_nan_loss_stops_with_a_clear_error(tmp_path, corpus):
@@ -30,25 +24,14 @@ def test_nan_loss_stops_with_a_clear_error(tmp_path, corpus):
 def test_a_spike_stops_with_exit_3_and_the_last_checkpoint_intact(tmp_path, corpus, monkeypatch,
                                                                   capsys):
     """``[spike] policy = "stop"`` (max_consecutive 1 here; the streak count is unit-tested
-    in tests/unit/test_spikes.py): the injected spike at step 6 ends the job through ``main``
-    with exit code 3, naming the step and its samples; the step-5 checkpoint is the last one,
-    complete, and nothing was written from the spike (in-process: one process group of one)."""
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(key, raising=False)
-    saved = dict(os.environ)
-    handlers, propagate, level = logger.handlers[:], logger.propagate, logger.level
+    in tests/unit/test_spikes.py): the injected spike at step 6 ends the job through ``run``
+    (``main``'s body) with exit code 3, naming the step and its samples; the step-5 checkpoint
+    is the last one, complete, and nothing was written from the spike (in-process: one
+    process group of one)."""
     argv = job_args(["--training.steps=8", "--checkpoint.enable=true", "--checkpoint.interval=5",
                      "--spike.window=4", "--spike.policy=stop", "--spike.max_consecutive=1",
                      "--debug.spike_step=6"], tmp_path, corpus)
-    try:
-        with pytest.raises(SystemExit) as stopped:
-            main(argv)
-    finally:
-        torch.use_deterministic_algorithms(False)
-        os.environ.clear()
-        os.environ.update(saved)
-        logger.handlers[:], logger.propagate, logger.level = handlers, propagate, level
-    assert stopped.value.code == 3
+    assert run_in_process(argv) == 3
     log = capsys.readouterr().err
     assert "training diverged: step 6: 1 loss/grad-norm spike(s) in a row (loss" in log
     assert "this step's data: samples 20-23 of the training stream (4 a step)" in log

@@ -1,6 +1,7 @@
 """A bad job fails before it starts: one line, exit code 2, before torchrun launches any
 process (run_train.sh runs torchtitan_like/preflight.py first); an existing metrics.jsonl is
-left as it was, also by a job that fails after its process group started."""
+left as it was (a fresh run into its folder is refused), also by a job that fails after its
+process group started."""
 
 import json
 import subprocess
@@ -29,6 +30,7 @@ def test_bad_inputs_fail_before_torchrun_with_one_line(tmp_path, dump_folder):
         (["--training.dataset=local", f"--training.dataset_path={no_field}"],
          "no text field 'text'"),
         (["--parallelism.data_parallel_shard_degree=3"], "but 2 processes"),
+        ([], "holds another run's outputs (metrics.jsonl) and this run starts at step 0"),
     ]
     for overrides, message in cases:
         proc = subprocess.run(["./run_train.sh", f"--job.dump_folder={dump_folder}", *overrides],
@@ -46,13 +48,18 @@ def test_bad_inputs_fail_before_torchrun_with_one_line(tmp_path, dump_folder):
 def test_a_job_failing_after_start_up_keeps_the_metrics_file(tmp_path, dump_folder):
     """The second record lacks the text field: the start-up check reads only a file's first
     record, so training meets it at step 1, after the process group, the model and the
-    metrics logger were built; the earlier metrics are intact (the file opens at the first
-    record)."""
+    metrics logger were built: one ``data error:`` line, exit 5. The earlier run's metrics are
+    intact: moved to the archive by ``[job] overwrite`` (without it the fresh run is refused,
+    test above), and no new file was started (it opens at the first record)."""
     corpus = tmp_path / "late.jsonl"
     corpus.write_text(json.dumps({"text": "short"}) + "\n" + json.dumps({}) + "\n")
     proc = subprocess.run(
         [sys.executable, "-m", "torchtitan_like.train", *BASE, f"--job.dump_folder={dump_folder}",
-         "--training.dataset=local", f"--training.dataset_path={corpus}"],
+         "--training.dataset=local", f"--training.dataset_path={corpus}", "--job.overwrite=true"],
         cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0 and "late.jsonl:2: no text field" in proc.stderr, proc.stderr
-    assert (dump_folder / "metrics.jsonl").read_text() == EARLIER_RUN
+    assert proc.returncode == 5, proc.stderr[-3000:]
+    assert "data error: " in proc.stderr and "late.jsonl:2: no text field" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    (archived,) = (dump_folder / "archive").iterdir()
+    assert (archived / "metrics.jsonl").read_text() == EARLIER_RUN
+    assert not (dump_folder / "metrics.jsonl").exists()

@@ -79,7 +79,7 @@ def test_wheel_installs_and_runs_both_tools_from_another_directory(tmp_path: Pat
     dry = _run([str(bin_dir / "ttl-ablate"), "sweep.toml", "--dry_run"], cwd=elsewhere)
     lines = dry.strip().splitlines()
     assert len(lines) == 2 and lines[1].endswith("--parallelism.tensor_parallel_degree=2")
-    launcher = f"{bin_dir / 'python'} -m torch.distributed.run --standalone --nproc_per_node=2"
+    launcher = f"{bin_dir / 'python'} -m torchtitan_like.launch --standalone --nproc_per_node=2"
     assert all(line.startswith(launcher) for line in lines), dry
     assert all(f"-m torchtitan_like.train --job.config_file {elsewhere / 'base.toml'}" in line
                for line in lines), dry

@@ -12,10 +12,10 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.experimental import context_parallel
 from torch.distributed.tensor.experimental._attention import _cp_options, set_rotate_method
-from worker_exit import finish_worker
 
 from torchtitan_like.distributed.context_parallel import values_padded_to_key_dim
 from torchtitan_like.distributed.cp_cpu_sdpa import FORWARD, cpu_ring_attention
+from torchtitan_like.distributed.lifecycle import exit_process
 
 SHAPE = (2, 4, 32, 8)  # (batch, heads, seq, head_dim): 32 tokens = 2 x 4 head-tail chunks of CP4
 NARROW_V = 6  # a value head dim below the query/key one, as MLA's
@@ -73,7 +73,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(errors, f)
-    finish_worker()
+    exit_process(0)
 
 
 if __name__ == "__main__":

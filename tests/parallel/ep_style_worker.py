@@ -11,11 +11,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
-from worker_exit import finish_worker
 
 from torchtitan_like.distributed.expert_layout import expert_fsdp_mesh
 from torchtitan_like.distributed.expert_parallel import apply_expert_fsdp, apply_expert_parallel
 from torchtitan_like.distributed.fsdp import apply_fsdp
+from torchtitan_like.distributed.lifecycle import exit_process
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.utils import clip_grad_norm_
 from torchtitan_like.models.moe import GroupedExperts
@@ -123,7 +123,7 @@ def main() -> None:
     meshes = ParallelDims.resolve(dist.get_world_size(), ep=2).build_meshes("cpu")
     for use_grouped_mm in (False, True):
         check_layout(use_grouped_mm, meshes)
-    finish_worker()
+    exit_process(0)
 
 if __name__ == "__main__":
     main()

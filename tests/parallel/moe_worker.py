@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from worker_exit import finish_worker
 
+from torchtitan_like.distributed.lifecycle import exit_process
 from torchtitan_like.distributed.utils import init_distributed
 from torchtitan_like.logging import init_logger
 from torchtitan_like.models.moe import MoE
@@ -49,7 +49,7 @@ def main() -> None:
         if dist.get_rank() == 0:
             out = Path(trainer.config.job.dump_folder) / "expert_bias.json"
             out.write_text(json.dumps(trajectory))
-    finish_worker()
+    exit_process(0)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,7 @@ import json
 import os
 import sys
 
-from worker_exit import finish_worker
-
+from torchtitan_like.distributed.lifecycle import exit_process
 from torchtitan_like.distributed.utils import init_distributed
 from torchtitan_like.logging import init_logger
 from torchtitan_like.train import Trainer
@@ -20,7 +19,7 @@ def main() -> None:
     device = init_distributed()
     for overrides in cases.values():
         Trainer(parse_args(overrides, world_size), device).train()
-    finish_worker()
+    exit_process(0)
 
 
 if __name__ == "__main__":

@@ -91,7 +91,7 @@ def test_cli_reports_sweep_errors_and_dry_runs(tmp_path, capsys):
                   "[[variants]]\nname = 'b'\nnproc = 1\noverrides = ['--training.steps=3']\n")
     assert main([str(path), "--dry_run", "--steps", "5", "--only", "b"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and "-m torch.distributed.run --standalone --nproc_per_node=1 " in out[0]
+    assert len(out) == 1 and "-m torchtitan_like.launch --standalone --nproc_per_node=1 " in out[0]
     assert " -m torchtitan_like.train --job.config_file " in out[0]
     assert "--training.steps=5" in out[0] and out[0].endswith("--training.steps=3")
 

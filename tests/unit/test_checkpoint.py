@@ -4,7 +4,9 @@ A base run saves step-2 and step-4; each test copies its checkpoint folder, dama
 something, and builds a Trainer (which loads in its constructor).
 """
 
+import errno
 import json
+import os
 import shutil
 
 import pytest
@@ -12,7 +14,7 @@ import torch
 from harness import build_trainer, read_metrics
 from torch.distributed.checkpoint import FileSystemReader
 
-from torchtitan_like.components.checkpoint import CheckpointError
+from torchtitan_like.components.checkpoint import CheckpointError, manager
 from torchtitan_like.components.checkpoint.folder import purge, step_folders
 
 CKPT = ["--checkpoint.enable", "true", "--checkpoint.interval", "2", "--training.steps", "4"]
@@ -69,6 +71,8 @@ def test_unfinished_saves_are_ignored_and_removed(job):
     (lambda p: open(p / "__0_0.distcp", "r+b").truncate(1000),  # noqa: SIM115
      r"corrupt: data file __0_0\.distcp is truncated \(1000 bytes"),
     (lambda p: (p / "checkpoint.json").unlink(), r"checkpoint\.json is missing or unreadable"),
+    (lambda p: _rot(p / "__0_0.distcp"), r"loading checkpoint .*step-4 failed on rank 0: "
+                                         r"\w+Error: .*; its files are damaged"),
 ])
 def test_a_corrupt_checkpoint_stops_the_run(job, damage, message):
     folder, build = job
@@ -76,6 +80,38 @@ def test_a_corrupt_checkpoint_stops_the_run(job, damage, message):
     with pytest.raises(CheckpointError, match=message):
         build()
     assert sorted(step_folders(folder)) == [2, 4]  # nothing deleted
+
+
+def _rot(path):
+    """Bit rot: the bytes of the first stored tensor flipped, the file's size unchanged."""
+    data = bytearray(path.read_bytes())
+    data[40:80] = bytes(b ^ 0xFF for b in data[40:80])
+    path.write_bytes(data)
+
+
+@pytest.mark.parametrize("mode", ["disabled", "async"])
+def test_a_full_disk_stops_the_run_naming_it_and_keeps_the_last_checkpoint(
+        job, monkeypatch, mode):
+    """The save of step 4 fails as a full disk makes it fail (ENOSPC from the writer): one
+    CheckpointError line naming the disk, the step and the kept checkpoint; step-2 stays."""
+    folder, build = job
+    shutil.rmtree(folder / "step-4")
+
+    class FullDisk(manager.FileSystemWriter):
+        def write_data(self, plan, planner):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path / "x.distcp"))
+
+    monkeypatch.setattr(manager, "FileSystemWriter", FullDisk)
+    trainer = build("--checkpoint.async_mode", mode, "--training.steps", "6")  # 4: not the last
+    assert trainer.step == 2
+    with pytest.raises(CheckpointError) as error:
+        trainer.train()
+    message = str(error.value)
+    assert message.startswith("step 4: the save failed on rank 0: no space left on the device "
+                              "(the disk is full) (") and "step-4.partial/x.distcp" in message
+    assert message.endswith("the last complete checkpoint step-2 is kept"), message
+    assert "\n" not in message
+    assert sorted(step_folders(folder)) == [2]
 
 
 def test_another_model_is_refused_with_the_difference(job):
@@ -171,3 +207,30 @@ def test_wrappers_leave_the_checkpoint_names_alone():
     apply_compile(wrapped.layers, Compile(enable=True))
     assert any("_checkpoint_wrapped_module" in n for n, _ in wrapped.named_parameters())
     assert list(get_model_state_dict(wrapped)) == list(get_model_state_dict(plain))
+
+
+def test_a_save_failure_without_an_errno_is_named_by_the_free_space(tmp_path, monkeypatch):
+    """torch's zip writer reports a full disk as "unexpected pos": with less free space than
+    the newest checkpoint takes it is a full disk (CheckpointError: not restarted), otherwise a
+    plain error that a restart may cure (a peer that stopped answering)."""
+    from collections import namedtuple
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from torchtitan_like.components.checkpoint import failure
+
+    newest = tmp_path / "step-2"
+    newest.mkdir()
+    (newest / "__0_0.distcp").write_bytes(b"x" * 2**20)
+    raised = CheckpointException("write", {1: (RuntimeError(
+        "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"), None)})
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(failure.shutil, "disk_usage", lambda p: usage(2**30, 2**30, 2**19))
+    full = failure.save_failure(raised, 4, tmp_path, newest)
+    assert isinstance(full, CheckpointError)
+    assert str(full).startswith("step 4: the save failed on rank 1: only 0.5 MiB free on the "
+                                f"file system of {tmp_path} (the newest checkpoint takes 1.0 "
+                                "MiB): the disk is full (RuntimeError: [enforce fail")
+    monkeypatch.setattr(failure.shutil, "disk_usage", lambda p: usage(2**40, 0, 2**39))
+    other = failure.save_failure(raised, 4, tmp_path, newest)
+    assert type(other) is RuntimeError and "rank 1: RuntimeError: [enforce fail" in str(other)

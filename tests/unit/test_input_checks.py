@@ -116,9 +116,9 @@ def test_a_prepared_dataset_is_checked_against_its_manifest(name, prepared, job,
     assert_refused(tokenized(folder, *more), expected, job, capsys)
 
 
-def test_an_intact_prepared_dataset_passes(prepared, job, capsys):
+def test_an_intact_prepared_dataset_passes(prepared, tmp_path):
     assert preflight.main(tokenized(prepared, "--validation.enable",
-                                    f"--job.dump_folder={job}")) == 0
+                                    f"--job.dump_folder={tmp_path / 'fresh'}")) == 0
 
 
 FILES: dict[str, bytes] = {

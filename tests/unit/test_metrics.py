@@ -58,10 +58,13 @@ def test_a_resumed_run_continues_the_file_from_its_step(tmp_path):
         (1, 1.0, None), (2, 2.0, None), (2, None, True), (3, 30.0, None)]
 
 
-def test_a_torn_last_line_is_dropped_on_resume(tmp_path, caplog):
-    (tmp_path / "metrics.jsonl").write_text(
-        json.dumps({"step": 1, "loss": 1.0}) + "\n" + json.dumps({"step": 2, "loss": 2.0})
-        + "\n" + '{"step": 3, "lo')  # the job was killed while writing step 3
+def test_torn_lines_and_lines_that_are_no_records_are_dropped_on_resume(tmp_path, caplog):
+    """A line cut short by a kill, and valid JSON that is no record (``{}``, ``null``, a
+    number, a step that is no integer), are dropped with a warning instead of breaking every
+    resume."""
+    lines = ['{"step": 1, "loss": 1.0}', "{}", "null", "7", '{"step": "2"}',
+             '{"step": 2, "loss": 2.0}', '{"step": 3, "lo']  # killed while writing step 3
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines))
     resumed = MetricsLogger(dump_folder=str(tmp_path), writer=True, enable_tensorboard=False,
                             tb_folder="tb", device=torch.device("cpu"), flops_per_token=1,
                             peak=None, replica_devices=1, world_size=1, resume_step=2)
@@ -70,7 +73,8 @@ def test_a_torn_last_line_is_dropped_on_resume(tmp_path, caplog):
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r.get("loss")) for r in lines] == [(1, 1.0), (2, 2.0), (2, None),
                                                            (3, 3.0)]
-    assert "metrics.jsonl:3: dropped a torn record" in caplog.text
+    assert "metrics.jsonl:7: dropped a torn record" in caplog.text
+    assert "metrics.jsonl:2: dropped a line that is no record '{}'" in caplog.text
 
 
 def test_nothing_is_written_before_the_first_record(tmp_path):
@@ -111,3 +115,4 @@ def test_cpu_peak_is_measured_once_per_process():
 
     first = measure_cpu_tflops(torch.float32)
     assert first > 0 and measure_cpu_tflops(torch.float32) is first
+

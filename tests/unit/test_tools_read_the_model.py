@@ -10,9 +10,8 @@ import json
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from harness import ROOT
+from harness import ROOT, run_in_process
 
-from torchtitan_like import train
 from torchtitan_like.components.checkpoint.folder import finished_run, publish, read_info
 from torchtitan_like.components.hf_checkpoint import model_of_folder, save_hf
 from torchtitan_like.models.registry import get_model_args, get_model_spec
@@ -79,7 +78,7 @@ def _tree(folder):
 
 
 def test_a_finished_run_restarted_has_nothing_left_to_do(tmp_path, capsys):
-    """Its last checkpoint is at [training] steps: one line, exit 0 (main returns), before any
+    """Its last checkpoint is at [training] steps: one line, exit 0 (run returns 0), before any
     process group; the metrics and checkpoints are untouched."""
     dump = tmp_path / "job"
     (dump / "checkpoint/step-10").mkdir(parents=True)
@@ -88,7 +87,8 @@ def test_a_finished_run_restarted_has_nothing_left_to_do(tmp_path, capsys):
         {"step": 10, "states": ["model", "optimizer", "lr_scheduler", "dataloader",
                                 "train_state"]}))
     before = _tree(dump)
-    train.main(["--checkpoint.enable", "--training.steps=10", f"--job.dump_folder={dump}"])
+    assert run_in_process(["--checkpoint.enable", "--training.steps=10",
+                           f"--job.dump_folder={dump}"]) == 0
     out = capsys.readouterr()
     lines = (out.out + out.err).strip().splitlines()
     assert len(lines) == 1 and "nothing left to do: " in lines[0], lines

@@ -25,7 +25,6 @@ def test_torchtitan_debug_model_toml_lists_every_change_in_one_error():
         "TorchTitan's C4 datasets need a download",
         "TorchTitan's [training] gc_freq is not supported",
         "TorchTitan's [checkpoint] enable_checkpoint is [checkpoint] enable",
-        "TorchTitan's [comm] is not supported",
         "TorchTitan's [validation] dataset is [training] holdout_every",
     ]
     for hint in expected:

@@ -1,13 +1,13 @@
 """A fork subclasses Trainer and runs it through main(trainer_cls=...): its overrides of
-post_dataloading_process and forward_backward are the ones the loop calls."""
+post_dataloading_process and forward_backward are the ones the loop calls. (The test calls
+``run``, main's body: main then ends the process with run's exit code.)"""
 
 from typing import ClassVar
 
-import torch
-from harness import job_args, read_metrics
+from harness import job_args, read_metrics, run_in_process
 
 from torchtitan_like.components.loss import IGNORE_INDEX
-from torchtitan_like.train import Trainer, main
+from torchtitan_like.train import Trainer
 
 
 class FirstHalfOnly(Trainer):
@@ -26,14 +26,9 @@ class FirstHalfOnly(Trainer):
 
 
 def test_main_runs_the_subclass_and_its_overrides(tmp_path, corpus, monkeypatch):
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(key, raising=False)  # main makes a process group of one
     argv = job_args(["--training.steps=2", "--training.local_batch_size=4",
                      "--validation.enable=false"], tmp_path, corpus)
-    try:
-        main(argv, trainer_cls=FirstHalfOnly)
-    finally:
-        torch.use_deterministic_algorithms(False)
+    assert run_in_process(argv, trainer_cls=FirstHalfOnly) == 0
     # global batch 4 x 64 tokens, half of them labelled, one microbatch per step
     assert FirstHalfOnly.calls == [4 * 32, 4 * 32]
     assert [r["step"] for r in read_metrics(tmp_path) if "loss" in r] == [1, 2]

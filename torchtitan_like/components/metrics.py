@@ -148,17 +148,24 @@ class MetricsLogger:
         """A run resuming after ``resume_step`` continues the file from there: records of later
         steps (logged before a failure, and recomputed now) are dropped, so that every step
         appears once, and a ``{"step": resume_step, "resumed": true}`` record marks the restart.
-        A line cut short by a kill (the last one) is dropped with a warning."""
+        A line cut short by a kill (the last one), or one that is no record (valid JSON
+        without an integer ``step``: ``{}``, ``null``), is dropped with a warning."""
         if not path.exists():
             return
         kept = []
         for line_no, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
             try:
-                record = json.loads(line) if line.strip() else None
+                record = json.loads(line)
             except json.JSONDecodeError:
                 logger.warning(f"{path}:{line_no}: dropped a torn record {line[:60]!r}")
                 continue
-            if record is not None and record["step"] <= resume_step:
+            step = record.get("step") if isinstance(record, dict) else None
+            if not isinstance(step, int) or isinstance(step, bool):
+                logger.warning(f"{path}:{line_no}: dropped a line that is no record {line[:60]!r}")
+                continue
+            if step <= resume_step:
                 kept.append(line)
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
@@ -256,7 +263,12 @@ class MetricsLogger:
             tracker.log(record["step"], record)
 
     def close(self) -> None:
+        """Close the file and the trackers (again: a no-op; TensorBoard's buffered events are
+        written). Nothing is written, or reopened, afterwards."""
+        self.writer = False
         if self.jsonl is not None:
             self.jsonl.close()
-            for tracker in self.trackers:
-                tracker.close()
+            self.jsonl = None
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []

@@ -39,6 +39,9 @@ class Job:
     custom_import: list[str] = field(default_factory=list)
     """Modules imported at start-up (dotted names or .py paths), e.g. one that registers a model."""
 
+    overwrite: bool = False
+    """A fresh run into a folder with another run's outputs archives them (dump_folder/archive)."""
+
 
 @dataclass
 class Model:
@@ -370,6 +373,15 @@ class Metrics:
 
 
 @dataclass
+class Comm:
+    init_timeout_seconds: int = ranged(300, ge=1)
+    """Collective timeout until the first step ends, and of checkpoint loads and saves."""
+
+    train_timeout_seconds: int = ranged(100, ge=1)
+    """Collective timeout of every training process group after the first step."""
+
+
+@dataclass
 class Validation:
     enable: bool = False
     """Evaluate on the held-out split (see training.holdout_every)."""
@@ -440,6 +452,7 @@ class JobConfig:
     float8: Float8 = field(default_factory=Float8)
     profiling: Profiling = field(default_factory=Profiling)
     metrics: Metrics = field(default_factory=Metrics)
+    comm: Comm = field(default_factory=Comm)
     validation: Validation = field(default_factory=Validation)
     spike: Spike = field(default_factory=Spike)
     debug: Debug = field(default_factory=Debug)

@@ -59,9 +59,12 @@ UNSUPPORTED: dict[str, str] = {
                                                "weights",
     "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns":
         "selective op AC saves every matmul",
-    "comm": "collectives time out after 300 s (the checkpoint process group after torch's "
-            "default of 30 min) and the flight recorder keeps torch's defaults; neither is "
-            "configurable here",
+    "comm.trace_buf_size": "NCCL's flight recorder is set by its environment variables "
+                           "(TORCH_FR_BUFFER_SIZE)",
+    "comm.save_traces_folder": "NCCL's flight recorder is set by its environment variables "
+                               "(TORCH_FR_DUMP_TEMP_FILE)",
+    "comm.save_traces_file_prefix": "NCCL's flight recorder is set by its environment "
+                                    "variables (TORCH_FR_DUMP_TEMP_FILE)",
     "fault_tolerance": "TorchFT is not integrated; MAX_RESTARTS=N ./run_train.sh restarts the "
                        "job from its latest checkpoint",
     "memory_estimation": "use ttl-plan (ttl-plan --config job.toml for a config's own "

@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed.expert_layout import expert_mesh
-from torchtitan_like.distributed.utils import follow_world_timeout
+from torchtitan_like.distributed.utils import PROCESS_GROUP_TIMEOUT_S, follow_world_timeout
 
 if TYPE_CHECKING:
     from torchtitan_like.config.job_config import JobConfig
@@ -139,9 +139,11 @@ class ParallelDims:
         """Devices that together hold one model replica and consume one data stream."""
         return self.pp * self.cp * self.tp
 
-    def build_meshes(self, device_type: str) -> Meshes:
+    def build_meshes(self, device_type: str,
+                     timeout_s: int = PROCESS_GROUP_TIMEOUT_S) -> Meshes:
         """Every view of the world the trainer uses, all unflattened from one 1-D world mesh
-        so that they share a root (FSDP and TP then compose on DTensors)."""
+        so that they share a root (FSDP and TP then compose on DTensors); their process groups
+        time out after ``timeout_s``."""
         world = init_device_mesh(device_type, (self.world_size,), mesh_dim_names=("world",))
         dense = world._unflatten(0, tuple(getattr(self, d) for d in MESH_DIMS), MESH_DIMS)
         pp, tp = self.pp, self.tp
@@ -155,7 +157,7 @@ class ParallelDims:
             else fsdp["dp_shard_cp"],
             expert=expert_mesh(world, self),
         )
-        follow_world_timeout([meshes.dense, meshes.dp, meshes.dp_cp, meshes.fsdp, meshes.expert])
+        follow_world_timeout(meshes.all(), timeout_s)
         return meshes
 
 
@@ -173,6 +175,10 @@ class Meshes:
     """FSDP's mesh: 1-D dp_shard_cp, or 2-D (dp_replicate, dp_shard_cp) for HSDP."""
     expert: DeviceMesh
     """Routed experts' view ``[pp, dp_replicate, efsdp, ep, etp]`` (see expert_layout.py)."""
+
+    def all(self) -> list[DeviceMesh]:
+        """Every view, for what applies to all their process groups (timeouts)."""
+        return [self.dense, self.dp, self.dp_cp, self.fsdp, self.expert]
 
     @property
     def pp(self) -> DeviceMesh:

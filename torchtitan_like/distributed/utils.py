@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-import socket
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 
@@ -29,18 +28,44 @@ def device_type() -> str:
 
 
 PROCESS_GROUP_TIMEOUT_S = 300
-"""How long a collective may wait before the job fails (every process group, see below)."""
+"""How long a collective may wait before the job fails, unless the job sets [comm] timeouts."""
+
+
+def _store(timeout: datetime.timedelta) -> dist.Store | None:
+    """The store the process group meets in; None for torch's default (``env://``).
+
+    A world of one (plain ``python -m torchtitan_like.train``, or one process under torchrun):
+    an in-memory store, so no port is picked and bound later by someone else. Under torchrun
+    with the agent's store shared (``TORCHELASTIC_USE_AGENT_STORE``, torch's default): the
+    agent bound that store's port before any worker started, so there is no window in which
+    another job can take the port (the EADDRINUSE that ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``
+    allows: a port picked free, then bound by rank 0 seconds later). Every attempt of a
+    restarted job meets under its own prefix: the shared store outlives the attempts and still
+    holds the previous attempt's gloo addresses, which restarted workers would otherwise read
+    and fail to connect to
+    ("Gloo connectFullMesh failed ... Connection refused"). The prefix is torchrun's restart
+    count, which one agent keeps consistently; agents of several nodes count apart (pytorch
+    issues 108158, 135712), so run_train.sh turns the sharing off for multi-node jobs.
+    """
+    if int(os.environ.get("WORLD_SIZE", 1)) == 1:
+        return dist.HashStore()
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                           int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",
+                            client)
 
 
 def init_distributed(timeout_s: int = PROCESS_GROUP_TIMEOUT_S) -> torch.device:
-    """Join the torchrun job: NCCL for CUDA tensors (plus gloo for CPU ones) on GPUs,
-    gloo on CPU (CPU builds of torch have no NCCL). Returns this rank's device."""
+    """Join the torchrun job (or a world of one without torchrun): NCCL for CUDA tensors (plus
+    gloo for CPU ones) on GPUs, gloo on CPU (CPU builds of torch have no NCCL). Returns this
+    rank's device."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = _store(timeout)
     if "RANK" not in os.environ:  # plain `python -m torchtitan_like.train`: a world of one
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")  # DCP's writer process reads it
     if device_type() == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
@@ -48,8 +73,27 @@ def init_distributed(timeout_s: int = PROCESS_GROUP_TIMEOUT_S) -> torch.device:
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        ranks = {} if store is None else {"store": store, "rank": int(os.environ["RANK"]),
+                                          "world_size": int(os.environ["WORLD_SIZE"])}
+        dist.init_process_group(backend, timeout=timeout, **ranks)
     return device
+
+
+def mesh_groups(meshes: Iterable[DeviceMesh]) -> list[dist.ProcessGroup]:
+    """The process groups behind every dim of ``meshes``, each once."""
+    groups: dict[int, dist.ProcessGroup] = {}
+    for mesh in meshes:
+        for dim in range(mesh.ndim):
+            group = mesh.get_group(dim)
+            groups.setdefault(id(group), group)
+    return list(groups.values())
+
+
+def set_timeout(timeout_s: int, groups: Iterable[dist.ProcessGroup | None]) -> None:
+    """Give ``groups`` (None: the world group) a collective timeout of ``timeout_s``."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    for group in groups:
+        dist.distributed_c10d._set_pg_timeout(timeout, group)
 
 
 def follow_world_timeout(meshes: Iterable[DeviceMesh],
@@ -57,10 +101,7 @@ def follow_world_timeout(meshes: Iterable[DeviceMesh],
     """Give every process group of ``meshes`` the world group's timeout. DeviceMesh creates
     its subgroups with the backend's default (NCCL 10 min, gloo 30 min), so without this a hang
     in a TP, FSDP or PP collective would outwait the timeout the job asked for."""
-    timeout = datetime.timedelta(seconds=timeout_s)
-    for mesh in meshes:
-        for dim in range(mesh.ndim):
-            dist.distributed_c10d._set_pg_timeout(timeout, mesh.get_group(dim))
+    set_timeout(timeout_s, mesh_groups(meshes))
 
 
 def set_determinism(seed: int, deterministic: bool) -> None:

@@ -20,7 +20,7 @@ A sweep is a TOML file (train_configs/ablations/*.toml)::
     overrides = ["--activation_checkpoint.mode=full"]
 
 Each variant runs as its own torchrun job of ``torchtitan_like.train``, launched by the
-interpreter running the sweep (``python -m torch.distributed.run``: no checkout needed, and a
+interpreter running the sweep (``python -m torchtitan_like.launch``: no checkout needed, and a
 crash or a hang ends only that variant), with its own dump folder ``{output_folder}/{variant}``,
 where its log (``train.log``) and ``metrics.jsonl`` land. The runner reads every metrics.jsonl
 and writes ``results.csv``, ``results.md`` and ``results.png`` (matplotlib, the ``plot``
@@ -50,11 +50,7 @@ import torch
 from torchtitan_like.config.manager import build_job_config, tomllib
 from torchtitan_like.tools.planner import CPU, predict_peak
 
-LAUNCH_ENV = {
-    # gloo process groups of a restarted job cannot reuse torchrun's shared rendezvous store.
-    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-    "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1",
-}
+LAUNCH_ENV = {"TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1"}
 """What run_train.sh sets for the trainer, set here too unless the caller's environment has it."""
 
 
@@ -90,16 +86,17 @@ class Sweep:
         return self.baseline or self.variants[0].name
 
     def command(self, variant: Variant, folder: Path) -> list[str]:
-        """The torchrun command line of one variant, as run_train.sh would build it on one
-        node; the variant's overrides win over the sweep's. Every rank's output reaches the
-        log (prefixed with its rank): when all ranks refuse a config, the first to exit makes
-        torchrun stop the others, so rank 0 alone may be stopped before it says why."""
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+        """The launch command of one variant, as run_train.sh would build it on one node
+        (torchtitan_like.launch: its last line is the first failing rank's error); the
+        variant's overrides win over the sweep's. Every rank's output reaches the log
+        (prefixed with its rank). A re-run of the sweep archives a variant's earlier outputs
+        (``[job] overwrite``, components/run_folder.py)."""
+        return [sys.executable, "-m", "torchtitan_like.launch", "--standalone",
                 f"--nproc_per_node={self.nproc_of(variant)}", "--max-restarts=0",
                 "--role=rank", "--tee=3",
                 "-m", "torchtitan_like.train", "--job.config_file", str(self.base_config),
                 *self.overrides, f"--training.steps={self.steps}",
-                f"--job.dump_folder={folder}", *variant.overrides]
+                f"--job.dump_folder={folder}", "--job.overwrite=true", *variant.overrides]
 
     def nproc_of(self, variant: Variant) -> int:
         return variant.nproc or self.nproc

@@ -29,6 +29,7 @@ from torchtitan_like.components.hf_checkpoint import (
     overrides_from_cli,
 )
 from torchtitan_like.config.manager import import_custom_modules
+from torchtitan_like.distributed import lifecycle
 from torchtitan_like.models.registry import get_model_spec
 
 
@@ -154,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tp > 1:
         from torchtitan_like.distributed.utils import init_distributed
 
+        lifecycle.die_with_agent()
         device = init_distributed()  # this rank's device
         model = tensor_parallel(model, spec.name, args.tp, device)
     else:
@@ -165,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
                    seed=args.seed, pad_to=args.tp, device=device)
     if args.tp == 1 or torch.distributed.get_rank() == 0:
         print(args.prompt + tokenizer.decode(out))
-    if args.tp > 1:
-        torch.distributed.destroy_process_group()
+    if args.tp > 1:  # a torchrun worker: ends here, without gloo's exit race
+        lifecycle.exit_process(0)
     return 0
 
 

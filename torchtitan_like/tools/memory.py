@@ -21,6 +21,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from torchtitan_like.components.memory import measure_train_step
+from torchtitan_like.distributed.lifecycle import exit_process
 from torchtitan_like.train import Trainer
 
 
@@ -42,7 +43,7 @@ def main(argv: list[str]) -> None:
     if dist.get_rank() == 0:
         with open(out_file, "w") as f:
             json.dump(results, f, indent=1)
-    dist.destroy_process_group()
+    exit_process(0)  # a torchrun worker: no gloo exit race
 
 
 def measure_cases(cases: dict[str, tuple[int, list[str]]],

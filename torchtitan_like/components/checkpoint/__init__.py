@@ -60,7 +60,8 @@ not detected.
 
 **Modules.** validate.py: the start-up checks and CheckpointError; states.py: the Stateful
 wrappers; folder.py: the folder protocol (discovery, publication, clean-up, load checks);
-staging.py: the pinned stager; manager.py: CheckpointManager, which loads and saves.
+staging.py: the pinned stager; manager.py: CheckpointManager, which loads and saves;
+failure.py: a failed save or load said in one line (the cause, the file, the step).
 """
 
 from torchtitan_like.components.checkpoint.manager import CheckpointManager, SaveRecord

@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +17,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint import CheckpointException, FileSystemWriter
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
+from torchtitan_like.components.checkpoint.failure import load_failure, save_failure
 from torchtitan_like.components.checkpoint.folder import (
     check_files,
     check_keys,
@@ -117,8 +120,10 @@ class CheckpointManager:
         needed = self.c.enable or bool(self.c.initial_load_path)
         # Checkpoint collectives (DCP's plans, the load checks) run on their own gloo group: a
         # CPU group for NCCL jobs, and one that async saves' threads never share with training.
-        self.pg = dist.new_group(backend="gloo") if needed else None
-        self._background = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
+        # Its timeout stays [comm] init_timeout_seconds: a save's last collective waits for the
+        # slowest rank's writes, which may take longer than a training step's collectives.
+        timeout = datetime.timedelta(seconds=config.comm.init_timeout_seconds)
+        self.pg = dist.new_group(backend="gloo", timeout=timeout) if needed else None
         if self.c.enable and self.c.async_mode == "async_with_pinned_mem":
             self._stager = StepOrderedStager(device)  # after the step; /dev/shm checked
             for optimizer in optimizers.optimizers:
@@ -220,8 +225,8 @@ class CheckpointManager:
                   **kwargs: Any) -> None:
         try:
             dcp.load(state, checkpoint_id=checkpoint_id, process_group=self.pg, **kwargs)
-        except Exception as e:
-            raise CheckpointError(f"loading {where} failed, the run stops: {e}") from e
+        except (Exception, CheckpointException) as e:  # the latter is a BaseException
+            raise load_failure(e, where) from e
 
     def _load_initial(self, path: Path) -> None:
         """The initial weights: a DCP checkpoint's model, or a HuggingFace folder."""
@@ -302,6 +307,19 @@ class CheckpointManager:
         partial = self.folder / f"step-{step}.partial"
         writer = self.faults.storage_writer(str(partial), step) or FileSystemWriter(str(partial))
         info = self._info(step, [n for n in STATES if n in states], dtype)
+        try:
+            upload = self._start_save(mode, states, writer)
+        except (Exception, CheckpointException) as e:  # the latter is a BaseException
+            raise save_failure(e, step, self.folder, self._newest()) from e
+        self._in_flight = _in_background(self._finish, upload, partial, info, record, start)
+        record.blocked_s += time.perf_counter() - start
+        logger.info(f"checkpoint step {step}: {mode if mode != 'disabled' else 'sync'} save "
+                    f"of {', '.join(states)}; the loop waited {record.blocked_s:.3f} s")
+        if last:
+            self._wait()
+
+    def _start_save(self, mode: str, states: dict[str, Any], writer: FileSystemWriter) -> Future:
+        """Start DCP's save in ``mode``; the future completes once it is written everywhere."""
         if mode == "disabled":
             dcp.save(states, storage_writer=writer, process_group=self.pg)
             upload: Future = Future()
@@ -314,13 +332,12 @@ class CheckpointManager:
                                       async_checkpointer_type=AsyncCheckpointerType.PROCESS,
                                       async_stager=self._stager)
             self._staging, upload = response.staging_completion, response.upload_completion
-        self._in_flight = self._background.submit(self._finish, upload, partial, info, record,
-                                                  start)
-        record.blocked_s += time.perf_counter() - start
-        logger.info(f"checkpoint step {step}: {mode if mode != 'disabled' else 'sync'} save "
-                    f"of {', '.join(states)}; the loop waited {record.blocked_s:.3f} s")
-        if last:
-            self._wait()
+        return upload
+
+    def _newest(self) -> Path | None:
+        """The newest complete checkpoint (what a failed save leaves as the latest)."""
+        found = step_folders(self.folder)
+        return found[max(found)] if found else None
 
     def _finish(self, upload: Future, partial: Path, info: dict[str, Any], record: SaveRecord,
                 start: float) -> None:
@@ -347,10 +364,11 @@ class CheckpointManager:
         if self._in_flight is None:
             return
         start = time.perf_counter()
+        step = self.records[-1].step if self.records else -1
         try:
             self._in_flight.result()
-        except Exception as e:
-            raise CheckpointError(f"the checkpoint save failed: {e!r}") from e
+        except (Exception, CheckpointException) as e:  # the latter is a BaseException
+            raise save_failure(e, step, self.folder, self._newest()) from e
         finally:
             self._in_flight, self._staging = None, None
         if self.records:
@@ -371,6 +389,21 @@ class CheckpointManager:
     def close(self) -> None:
         """Wait for the last save and release the background machinery."""
         self._wait()
-        self._background.shutdown()
         if self._stager is not None:
             self._stager.close()
+
+
+def _in_background(fn: Callable[..., None], *args: Any) -> Future:
+    """Run ``fn(*args)`` in a daemon thread; its future holds the outcome. Daemon: a save that
+    hangs on a lost peer must not keep the process alive after the job failed (a pool's
+    threads are joined at exit, so torchrun would see a live worker and never restart)."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:  # DCP's CheckpointException too: for whoever waits
+            future.set_exception(e)
+
+    threading.Thread(target=run, daemon=True, name="checkpoint-publish").start()
+    return future

@@ -1,0 +1,171 @@
+"""torchrun for jobs: ``python -m torchtitan_like.launch [torchrun options] -m MODULE [args]``.
+
+run_train.sh and ttl-ablate run this instead of ``python -m torch.distributed.run``. It is
+torchrun: the same options, parsed and run by torch's own ``torch.distributed.run``, its elastic
+agent, rendezvous and restarts. The agent is torch's ``LocalElasticAgent`` with these
+additions, and the launcher ends like a job:
+
+- **No pointless restarts.** After a failure, the agent reads the ranks' failure records
+  (distributed/lifecycle.py): when the cause is one that a restart meets again (exit codes in
+  ``exit_codes.FINAL``: a config, a diverged run, a corrupt checkpoint or a full disk, bad data,
+  a dump folder in use), the job is not restarted, whatever ``--max-restarts`` allows.
+- **One line and the rank's own code.** The first failing rank's one-line error is printed
+  last, whatever ``--local-ranks-filter`` (LOG_RANK) shows, and the launcher exits with that
+  rank's exit code (signals and unexpected errors: 1), instead of torchrun's 1 after a
+  ChildFailedError traceback.
+- **Nothing left behind.** Stopping the workers (on a failure, a restart, or the launcher's
+  own end) first sends SIGCONT to every worker's process group (a stopped worker cannot act on
+  SIGTERM, so torchrun would wait out its 30 s shutdown timeout) and SIGKILL afterwards: torch
+  signals only the workers still alive, so a SIGKILLed worker's DCP writer process would stay.
+  (The agent frames the close method of the process context it started.)
+- **Workers that die with it.** Workers learn the launcher's pid for their watchdog
+  (``lifecycle.die_with_agent``) and meet in the agent's own rendezvous store, whose port the
+  agent bound before they started (``distributed/utils.init_distributed``): no port is picked
+  free and bound later, the start-up race of ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``.
+
+The agent is swapped in for the one ``torch.distributed.launcher.api.launch_agent`` builds by
+name, for the duration of the launch (tests/unit/test_launch.py checks that name is there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch.distributed.run as torchrun
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher import api as launcher_api
+
+from torchtitan_like.distributed.lifecycle import (
+    AGENT_PID_ENV,
+    FAILURES_ENV,
+    Failure,
+    first_failure,
+    read_failures,
+)
+from torchtitan_like.exit_codes import FINAL, ExitCode
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What the agent learnt about the job's failures, for the launcher's last line."""
+
+    records: Path
+    failure: Failure | None = None
+
+
+def _signal_groups(pgids: list[int], sig: signal.Signals) -> None:
+    for pgid in pgids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+
+
+def _unrecorded(result: RunResult, recorded: set[int]) -> list[Failure]:
+    """The failures torch saw that left no record (a signal, a crash before the job's main)."""
+    return [Failure(rank, f.exitcode, f"killed by {f.signal_name()}" if f.exitcode < 0
+                    else f"exited with code {f.exitcode}", float(f.timestamp))
+            for rank, f in result.failures.items() if rank not in recorded]
+
+
+class JobAgent(LocalElasticAgent):
+    """torch's local elastic agent, plus what the module docstring lists."""
+
+    def __init__(self, *args: Any, outcome: Outcome, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._outcome = outcome
+
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        result = super()._monitor_workers(worker_group)
+        if result.is_failed():
+            spec = worker_group.spec
+            attempt = spec.max_restarts - self._remaining_restarts
+            records = read_failures(self._outcome.records, attempt)
+            failure = first_failure(records + _unrecorded(result, {f.rank for f in records}))
+            if failure is not None and failure.code in FINAL:
+                self._remaining_restarts = 0
+            self._outcome.failure = failure
+            if failure is not None and self._remaining_restarts > 0:
+                print(f"[launch] {describe(failure)}; restarting the job (restart "
+                      f"{attempt + 1} of {spec.max_restarts})", file=sys.stderr, flush=True)
+        return result
+
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        pids = super()._start_workers(worker_group)
+        self._pcontext.close = _continued_and_reaped(self._pcontext.close, list(pids.values()))
+        return pids
+
+
+def _continued_and_reaped(close: Callable[..., None], pgids: list[int]) -> Callable[..., None]:
+    """torch's way of stopping the workers (on a failure, a restart, the agent's end),
+    framed by SIGCONT to every worker's process group (a stopped worker cannot act on SIGTERM,
+    and torch would wait 30 s for it) and SIGKILL after (torch signals only the workers still
+    alive: a SIGKILLed worker's DCP writer process would stay)."""
+    def stop(*args: Any, **kwargs: Any) -> None:
+        _signal_groups(pgids, signal.SIGCONT)
+        close(*args, **kwargs)
+        _signal_groups(pgids, signal.SIGKILL)
+
+    return stop
+
+
+def describe(failure: Failure) -> str:
+    """A failure in the words of a restart notice."""
+    return f"rank {failure.rank} failed: {failure.line}"
+
+
+@contextlib.contextmanager
+def _job_agent(outcome: Outcome) -> Iterator[None]:
+    """``launch_agent`` builds ``JobAgent`` instead of torch's agent while this lasts."""
+    original = launcher_api.LocalElasticAgent
+
+    def build(*args: Any, **kwargs: Any) -> JobAgent:
+        return JobAgent(*args, outcome=outcome, **kwargs)
+
+    launcher_api.LocalElasticAgent = build
+    try:
+        yield
+    finally:
+        launcher_api.LocalElasticAgent = original
+
+
+def final_line(failure: Failure | None) -> tuple[str, int]:
+    """The launcher's last line after a failed job, and its exit code."""
+    if failure is None:
+        return "the job failed (no rank left a record)", ExitCode.FAILED
+    code = failure.code if failure.code in FINAL else ExitCode.FAILED
+    hint = "; not restarted: a restart would fail the same way" if failure.code in FINAL else ""
+    return f"{failure.line} (rank {failure.rank}, exit code {code}{hint})", code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run torchrun's command line; return the job's exit code (exit_codes.py)."""
+    args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
+    with tempfile.TemporaryDirectory(prefix="ttl-failures-") as records:
+        os.environ[AGENT_PID_ENV] = str(os.getpid())
+        os.environ[FAILURES_ENV] = records
+        outcome = Outcome(Path(records))
+        try:
+            with _job_agent(outcome):
+                torchrun.run(args)
+        except ChildFailedError:
+            line, code = final_line(outcome.failure)
+            print(line, file=sys.stderr, flush=True)
+            return code
+        except SignalException as e:  # the agent stopped its workers first
+            print(f"the job was stopped by {e.sigval.name}", file=sys.stderr, flush=True)
+            return 128 + e.sigval
+    return ExitCode.OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
