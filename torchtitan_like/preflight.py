@@ -1,9 +1,10 @@
 """Check a job before torchrun starts: ``python -m torchtitan_like.preflight [overrides]``.
 
 run_train.sh calls this first, with the world size torchrun will use (NPROC x NNODES), so a
-bad config or dataset prints one line and exits 2 instead of starting processes that each fail
-with a traceback. It runs the same parse + validation as the trainer (which keeps its own check
-for ``python -m torchtitan_like.train``). ``--help`` and ``--print_config`` are answered here.
+bad config or dataset (or a ``[job] trainer`` class that does not exist or is not a Trainer)
+prints one line and exits 2 instead of starting processes that each fail with a traceback. It
+runs the same parse + validation as the trainer (which keeps its own check for
+``python -m torchtitan_like.train``). ``--help`` and ``--print_config`` are answered here.
 
     WORLD_SIZE=8 python -m torchtitan_like.preflight --job.config_file job.toml
 """
@@ -15,6 +16,7 @@ import sys
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.logging import init_logger, logger
+from torchtitan_like.train import trainer_class
 from torchtitan_like.validate import parse_args
 
 
@@ -22,7 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     """0 when the job may start, 2 (after one ``config error`` line) when it may not."""
     init_logger()
     try:
-        parse_args(sys.argv[1:] if argv is None else argv, int(os.environ.get("WORLD_SIZE", 1)))
+        config = parse_args(sys.argv[1:] if argv is None else argv,
+                            int(os.environ.get("WORLD_SIZE", 1)))
+        trainer_class(config)  # [job] trainer: it exists and is a Trainer
     except ConfigError as e:
         logger.error(f"config error: {e}")
         return 2

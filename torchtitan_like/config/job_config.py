@@ -38,6 +38,9 @@ class Job:
     custom_import: list[str] = field(default_factory=list)
     """Modules imported at start-up (dotted names or .py paths), e.g. one that registers a model."""
 
+    trainer: str = ""
+    """Trainer subclass to run, "module:Class" (a dotted name or .py path); empty = Trainer."""
+
 
 @dataclass
 class Model:
@@ -346,7 +349,7 @@ class Validation:
     """Validate every this many steps (and after the last step)."""
 
     steps: int = ranged(10, ge=1)
-    """Batches per validation pass; every pass reads the same ones, so passes compare."""
+    """Global batches per pass: one fixed held-out set of sequences, whatever the layout."""
 
 
 @dataclass

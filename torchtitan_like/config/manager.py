@@ -17,6 +17,7 @@ import inspect
 import itertools
 import sys
 import traceback
+import types
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -260,25 +261,31 @@ def import_custom_modules(names: list[str]) -> None:
     """Import user modules (dotted names or .py paths) so that they can register models.
     A file already imported (e.g. by an earlier job in the same process) is not run again."""
     for name in names:
-        try:
-            if name.endswith(".py"):
-                path = Path(name).resolve()
-                loaded = sys.modules.get(path.stem)
-                if loaded is not None and getattr(loaded, "__file__", None) == str(path):
-                    continue
-                spec = importlib.util.spec_from_file_location(path.stem, path)
-                if spec is None or spec.loader is None or not path.is_file():
-                    raise FileNotFoundError(path)
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[path.stem] = module
-                spec.loader.exec_module(module)
-            else:
-                importlib.import_module(name)
-        except (ImportError, FileNotFoundError) as e:
-            raise ConfigError(f"[job] custom_import: cannot import {name!r}: {e}") from e
-        except Exception as e:  # the module's own code failed: name the file and line
-            raise ConfigError(f"[job] custom_import: {name!r} failed at {_failing_line(e)}: "
-                              f"{type(e).__name__}: {e}") from e
+        import_user_module(name, "[job] custom_import")
+
+
+def import_user_module(name: str, where: str) -> types.ModuleType:
+    """The module ``name`` (a dotted name, or a .py path imported under its file's stem, once
+    per process); ConfigError naming ``where`` (the field) if it cannot be imported."""
+    try:
+        if not name.endswith(".py"):
+            return importlib.import_module(name)
+        path = Path(name).resolve()
+        loaded = sys.modules.get(path.stem)
+        if loaded is not None and getattr(loaded, "__file__", None) == str(path):
+            return loaded
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        if spec is None or spec.loader is None or not path.is_file():
+            raise FileNotFoundError(path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = module
+        spec.loader.exec_module(module)
+        return module
+    except (ImportError, FileNotFoundError) as e:
+        raise ConfigError(f"{where}: cannot import {name!r}: {e}") from e
+    except Exception as e:  # the module's own code failed: name the file and line
+        raise ConfigError(f"{where}: {name!r} failed at {_failing_line(e)}: "
+                          f"{type(e).__name__}: {e}") from e
 
 
 def _failing_line(error: BaseException) -> str:
@@ -390,6 +397,7 @@ __all__ = [
     "field_docs",
     "help_text",
     "import_custom_modules",
+    "import_user_module",
     "reference_markdown",
     "sections",
     "to_toml",
