@@ -227,8 +227,9 @@ def apply_tp(model: TinyGPT, tp_mesh) -> None:
     for block in model.blocks.values():
         _tp_block(block, tp_mesh)
     for module in model.mtp.values():
-        parallelize_module(module, tp_mesh, {name: SequenceParallel()
-                                             for name in ("norm_h", "norm_e", "proj")})
+        parallelize_module(module, tp_mesh, {  # the block takes a local sequence shard
+            "norm_h": SequenceParallel(), "norm_e": SequenceParallel(),
+            "proj": SequenceParallel(use_local_output=True)})
         _tp_block(module.block, tp_mesh)
 
 
