@@ -4,29 +4,36 @@ fp32 with deterministic kernels; the layouts differ from one process only in the
 floating-point sums (reduce-scatter vs local accumulation), measured at <= 1e-6 on these losses
 (~6.5), so 1e-5 leaves a margin while catching any real error (a wrong normalisation or a
 duplicated sample moves the loss by > 1e-2).
+
+The validation loss too, at local batch sizes 4 (the reference), 2 and 1: ``[validation]
+steps`` counts global batches, so every layout scores the same held-out sequences (a set that
+grew with the data-parallel degree moved it by 2.5e-2 on llama3); same sums reordered, same
+bound.
 """
 
 import pytest
 from harness import FP32_PARITY_TOL, assert_close, launch, losses
 
 TOL = FP32_PARITY_TOL  # class (b), reordered fp32 sums: derivation in tests/harness.py
+VALIDATE = ["--validation.enable=true", "--validation.freq=5", "--validation.steps=2"]
+VALIDATED = ["accumulation", "fsdp", "fsdp_accumulation", "hsdp_2x2"]
 
 
 @pytest.fixture(scope="module")
 def runs(corpus, tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp")
     one = launch(1, {
-        "reference": ["--training.local_batch_size", "4"],
-        "accumulation": [],  # local 2 of global 4: two microbatches per step
+        "reference": ["--training.local_batch_size", "4", *VALIDATE],
+        "accumulation": VALIDATE,  # local 2 of global 4: two microbatches per step
     }, root / "one", corpus)
     two = launch(2, {
-        "fsdp": [],
-        "fsdp_accumulation": ["--training.local_batch_size", "1"],
+        "fsdp": VALIDATE,
+        "fsdp_accumulation": ["--training.local_batch_size", "1", *VALIDATE],
         "fsdp_no_reshard": ["--parallelism.fsdp_reshard_after_forward", "never"],
     }, root / "two", corpus)
     four = launch(4, {
         "hsdp_2x2": ["--parallelism.data_parallel_replicate_degree", "2",
-                     "--training.local_batch_size", "1"],
+                     "--training.local_batch_size", "1", *VALIDATE],
     }, root / "four", corpus)
     return {**one, **two, **four}
 
@@ -46,3 +53,10 @@ def test_loss_falls_and_metrics_are_complete(runs):
                 "memory_gib"):
         assert all(r[key] is not None for r in records), key
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("case", VALIDATED)
+def test_validation_matches_one_process(runs, case):
+    [actual] = [r["validation_loss"] for r in runs[case] if "validation_loss" in r]
+    [expected] = [r["validation_loss"] for r in runs["reference"] if "validation_loss" in r]
+    assert_close([actual], [expected], TOL)
