@@ -1,6 +1,7 @@
 """run_train.sh from another directory: relative paths on the command line and in environment
-variables mean paths from there (scripts/user_paths.sh)."""
+variables mean paths from there (scripts/user_paths.sh), the file of ``--job.trainer`` too."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from harness import ROOT, env, read_metrics
 def test_relative_paths_resolve_against_the_users_directory(tmp_path, corpus):
     (tmp_path / "models").mkdir()
     shutil.copy(ROOT / "tests/parallel/zloss_llama.py", tmp_path / "models/zloss.py")
+    shutil.copy(ROOT / "tests/plugins/custom_trainer.py", tmp_path / "models/my_train.py")
     shutil.copy(corpus, tmp_path / "corpus.jsonl")
     (tmp_path / "job.toml").write_text(
         '[model]\nname = "llama3_zloss"\nflavor = "tiny"\n\n'
@@ -19,7 +21,8 @@ def test_relative_paths_resolve_against_the_users_directory(tmp_path, corpus):
         '[validation]\nenable = false\n\n[metrics]\npeak_tflops = 1.0\n')
     proc = subprocess.run(
         [str(ROOT / "run_train.sh"), "--job.dump_folder=out",
-         "--job.custom_import", "models/zloss.py", "--training.dataset_path=corpus.jsonl"],
+         "--job.custom_import", "models/zloss.py", "--training.dataset_path=corpus.jsonl",
+         "--job.trainer=models/my_train.py:CountingTrainer"],
         cwd=tmp_path, env={**env(), "CONFIG_FILE": "job.toml", "NPROC": "1",
                            "PYTHON": sys.executable},
         capture_output=True, text=True, timeout=600)
@@ -27,4 +30,5 @@ def test_relative_paths_resolve_against_the_users_directory(tmp_path, corpus):
     records = read_metrics(tmp_path / "out")
     assert [r["step"] for r in records] == [1, 2]
     assert "aux_loss/z" in records[0]  # the model file given relative to this directory
+    assert json.loads((tmp_path / "out/trainer.json").read_text())["class"] == "CountingTrainer"
     assert not (ROOT / "out").exists()

@@ -47,7 +47,7 @@ def test_matches_one_process(runs, case):
 
 
 def test_loss_falls_and_metrics_are_complete(runs):
-    records = runs["fsdp"]
+    records = [r for r in runs["fsdp"] if "loss" in r]  # the training records
     assert records[-1]["loss"] < records[0]["loss"]
     for key in ("step", "loss", "grad_norm", "lr", "tokens_per_second", "tflops", "mfu",
                 "memory_gib"):
