@@ -31,6 +31,7 @@ from harness import GRAD_NORM_RTOL, ROOT, assert_close, launch, losses
 from torch.distributed.checkpoint import FileSystemReader
 
 from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.tools.ablate_report import model_metric_names
 from torchtitan_like.validate import parse_args
 
@@ -143,7 +144,9 @@ def test_gathered_logits_record_loss_parallel_as_off(fork):
     example = ["--job.custom_import", str(ROOT / "examples/custom_model/tiny_gpt.py"),
                *fork[2:]]
     config = parse_args([*example, "--parallelism.tensor_parallel_degree=2"], 2)
-    assert config.parallelism.disable_loss_parallel is True
+    assert config.parallelism.disable_loss_parallel is True  # --print_config says so
+    layout = ParallelDims.from_config(config, 2)  # what checkpoint.json records as the layout
+    assert layout.loss_parallel_enabled is False and layout.enable_loss_parallel is False
 
 
 @pytest.mark.parametrize(("extra", "error"), [
