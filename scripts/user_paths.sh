@@ -31,6 +31,8 @@ _user_value() {  # key value -> the value, with its path(s) made absolute
       out="${out:+$out,}$item"
     done
     echo "$out"
+  elif [[ "$key" == job.trainer && "$value" == *.py:* ]]; then  # a file's class: file:Class
+    echo "$(user_path "${value%:*}"):${value##*:}"
   else
     echo "$value"
   fi

@@ -1,10 +1,11 @@
 """Check a job before torchrun starts: ``python -m torchtitan_like.preflight [overrides]``.
 
 run_train.sh calls this first, with the world size torchrun will use (NPROC x NNODES), so a
-bad config or dataset prints one line and exits 2 instead of starting processes that each fail
-with a traceback. It runs the same parse + validation as the trainer (which keeps its own check
-for ``python -m torchtitan_like.train``), and the dump-folder checks (components/run_folder.py:
-no running job holds the folder, a fresh start finds no other run's outputs). ``--help`` and
+bad config or dataset (or a ``[job] trainer`` class that does not exist or is not a Trainer)
+prints one line and exits 2 instead of starting processes that each fail with a traceback. It
+runs the same parse + validation as the trainer (which keeps its own check for
+``python -m torchtitan_like.train``), and the dump-folder checks (components/run_folder.py: no
+running job holds the folder, a fresh start finds no other run's outputs). ``--help`` and
 ``--print_config`` are answered here.
 
     WORLD_SIZE=8 python -m torchtitan_like.preflight --job.config_file job.toml
@@ -19,7 +20,7 @@ from torchtitan_like.components.run_folder import DumpFolderInUse, check_before_
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.exit_codes import ExitCode
 from torchtitan_like.logging import init_logger
-from torchtitan_like.train import report_failure
+from torchtitan_like.train import report_failure, trainer_class
 from torchtitan_like.validate import parse_args
 
 
@@ -30,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = parse_args(sys.argv[1:] if argv is None else argv,
                             int(os.environ.get("WORLD_SIZE", 1)))
+        trainer_class(config)  # [job] trainer: it exists and is a Trainer
         check_before_start(config)
     except (ConfigError, DumpFolderInUse) as e:
         return report_failure(e)

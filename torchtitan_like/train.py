@@ -44,15 +44,16 @@ from torchtitan_like.components.stragglers import StepClock
 from torchtitan_like.components.trackers import build_trackers
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
-from torchtitan_like.config.manager import to_toml
+from torchtitan_like.config.manager import did_you_mean, import_user_module, to_toml
 from torchtitan_like.distributed import context_parallel, lifecycle, pipeline
 from torchtitan_like.distributed import utils as dist_utils
 from torchtitan_like.distributed.compile import maybe_compile_loss, set_inductor_cache
 from torchtitan_like.distributed.parallel_dims import ParallelDims
-from torchtitan_like.distributed.plan_check import check_plan_applied
+from torchtitan_like.distributed.plan_check import check_plan_applied, checked_loss
+from torchtitan_like.distributed.tied_weights import TiedWeights, tied_aliases
 from torchtitan_like.exit_codes import ExitCode
 from torchtitan_like.logging import init_logger, logger
-from torchtitan_like.models import attention_masks
+from torchtitan_like.models import stage_inputs
 from torchtitan_like.models.registry import ModelSpec, model_spec_and_args
 from torchtitan_like.validate import grad_accumulation_steps, parse_args
 
@@ -67,8 +68,9 @@ class Trainer:
 
     - ``post_dataloading_process(inputs, labels)``: a microbatch right after loading, before
       the labelled tokens are counted (e.g. mask labels, build extra inputs);
-    - ``model_inputs(inputs)``: the model's keyword inputs beside the tokens (default: the
-      document ids under block-causal attention), handed to every pipeline stage;
+    - ``model_inputs(inputs, labels)``: the model's keyword inputs beside the tokens, handed
+      to every pipeline stage (default: what ``ModelSpec.stage_inputs`` declares, and the
+      document ids under block-causal attention; models/stage_inputs.py);
     - ``forward_backward(inputs, labels, global_tokens)``: forward and backward of one
       microbatch (one schedule step under PP), returning its share of the step's loss;
     - ``train_step(microbatches)``: a whole optimizer step.
@@ -120,10 +122,12 @@ class Trainer:
         # 3-6. The plain model on meta, converters (Float8), split into this rank's pipeline
         # stages (or kept whole), then the parallelization plan on each part.
         spec, self.model_args = model_spec_and_args(config)
+        self.stage_inputs = stage_inputs.required_inputs(spec, config.model.attn_mask_type)
         with torch.device("meta"):
             model = spec.model_cls(self.model_args).to(dist_utils.DTYPES[training.dtype])
         self.converters = build_converters(config, self.parallel_dims, device.type)
         self.converters.convert(model)
+        aliases = tied_aliases(model)  # a weight shared by modules that stages may split
         stage_ids, parts = pipeline.split_model(
             model, spec.pipelining_fn, self.meshes.pp.get_local_rank(), config
         )
@@ -142,9 +146,13 @@ class Trainer:
         dist_utils.init_weights(
             self.model_parts, lambda: spec.model_cls(self.model_args), config.debug.seed, stage_ids
         )
+        self.tied = TiedWeights(spec.name, aliases, self.model_parts, stage_ids or [0],
+                                self.meshes.pp, self.meshes.dense)  # the materialised copies
+        self.tied.sync_weights()
         for part in self.model_parts:
             part.train()
-        self.loss_fn = maybe_compile_loss(cross_entropy_sum, config.compile)
+        self.loss_fn = checked_loss(maybe_compile_loss(cross_entropy_sum, config.compile),
+                                    spec.name, self.parallel_dims.loss_parallel_enabled)
         self.pipeline = None if stage_ids is None else pipeline.Pipeline(
             self.model_parts, stage_ids, config, self.meshes.pp, device, self.loss_fn,
             forward_context=self.step_hooks.recording,
@@ -175,6 +183,7 @@ class Trainer:
             optimizers=self.optimizers, lr_schedulers=self.lr_schedulers,
             dataloader=self.dataloader, train_state=self, device=self.device, faults=self.faults,
             hf_adapter=spec.hf_adapter(self.model_args) if spec.hf_adapter else None,
+            tied_aliases=self.tied.aliases,
         )
         self.checkpointer.load()
 
@@ -222,17 +231,19 @@ class Trainer:
         """One loaded microbatch (on the CPU), as the step will use it; the default keeps it."""
         return inputs, labels
 
-    def model_inputs(self, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The model's keyword inputs beside the tokens (the document ids under
-        ``[model] attn_mask_type = "block_causal"``), passed to every pipeline stage."""
-        return attention_masks.model_inputs(inputs, self.config.model.attn_mask_type,
-                                            self.tokenizer.eos_id)
+    def model_inputs(self, inputs: torch.Tensor, labels: torch.Tensor
+                     ) -> dict[str, torch.Tensor]:
+        """The model's keyword inputs beside the tokens, passed to every pipeline stage: those
+        ``ModelSpec.stage_inputs`` declares, and the document ids under ``[model]
+        attn_mask_type = "block_causal"`` (models/stage_inputs.py)."""
+        return stage_inputs.batch_inputs(self.stage_inputs, inputs, labels,
+                                         self.tokenizer.eos_id)
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor,
                          global_tokens: torch.Tensor) -> torch.Tensor:
         """One microbatch (one schedule step under PP); returns its share of the step's global
         mean loss (under PP: on the last stage, 0 on the other ranks)."""
-        extra = self.model_inputs(inputs)
+        extra = self.model_inputs(inputs, labels)
         if self.pipeline is not None:  # the schedule runs forward and backward of every stage
             with self.train_context(inputs, labels), self.autocast:
                 return self.pipeline.forward_backward(inputs, labels, global_tokens, **extra)
@@ -254,10 +265,12 @@ class Trainer:
             for inputs, labels in microbatches
         )
         self.step_hooks.end_step()
+        self.tied.reduce_gradients()  # weights tied across pipeline stages
         grad_norm = dist_utils.clip_grad_norm_(
             [p for part in self.model_parts for p in part.parameters()],
             self.config.training.max_norm,
             self.meshes.pp,
+            uncounted=self.tied.copies,
         ).item()
         if not math.isfinite(grad_norm):
             raise TrainingDiverged(
@@ -281,19 +294,28 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> float:
-        """Mean loss over the first ``[validation] steps`` held-out batches (the same ones on
-        every pass, so passes compare)."""
+        """Mean loss over a fixed global held-out set: the first ``[validation] steps`` global
+        batches of the validation split, the same sequences whatever the layout.
+
+        A global batch is ``global_batch_size`` sequences, dealt out like a training step's:
+        in rounds of ``dp x local_batch_size`` consecutive samples, rank r taking the r-th
+        block (components/data/datasets.py). So each rank reads ``steps x accumulation
+        steps`` local batches, and together the data-parallel ranks read exactly the first
+        ``steps x global_batch_size`` sequences, under any dp, local batch size, TP, CP or PP
+        (which share their rank's batches). Every pass reads the same ones, so passes compare.
+        """
         for part in self.model_parts:
             part.eval()
         batches = build_dataloader(self.config.training, self.tokenizer, dp_rank=self.dp_rank,
                                    dp_degree=self.parallel_dims.dp, split="validation",
                                    seed=self.config.debug.seed)
+        local_batches = self.config.validation.steps * self.grad_accumulation_steps
         loss_sum = torch.zeros((), device=self.device)
         tokens = torch.zeros((), device=self.device, dtype=torch.long)
-        for inputs, labels in itertools.islice(batches, self.config.validation.steps):
+        for inputs, labels in itertools.islice(batches, local_batches):
             inputs, labels = inputs.to(self.device), labels.to(self.device)
             tokens += count_labelled_tokens(labels)  # before CP shards the labels
-            extra = self.model_inputs(inputs)
+            extra = self.model_inputs(inputs, labels)
             with self.train_context(inputs, labels), self.autocast:
                 loss_sum += (self.pipeline.loss_sum(inputs, labels, **extra)
                              if self.pipeline is not None
@@ -364,6 +386,32 @@ class Trainer:
                     self.metrics.log_validation(self.step, self.validate())
 
 
+def trainer_class(config: JobConfig, default: type[Trainer] | None = None) -> type[Trainer]:
+    """The class ``[job] trainer`` names ("module:Class", the module a dotted name or a .py
+    path), else ``default`` (else ``Trainer``); ConfigError when the module or the class does
+    not exist, the class is not a ``Trainer``, or it contradicts ``default``."""
+    named = config.job.trainer
+    if not named:
+        return default or Trainer
+    module_name, colon, class_name = named.rpartition(":")
+    if not (colon and module_name and class_name.isidentifier()):
+        raise ConfigError(f"[job] trainer = {named!r}: expected \"module:Class\", e.g. "
+                          "\"my_train.py:MyTrainer\" or \"my_package.train:MyTrainer\"")
+    module = import_user_module(module_name, "[job] trainer")
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        classes = [n for n, v in vars(module).items() if isinstance(v, type)]
+        raise ConfigError(f"[job] trainer = {named!r}: {module_name} has no {class_name!r}"
+                          + did_you_mean(class_name, classes))
+    if not (isinstance(cls, type) and issubclass(cls, Trainer)):
+        raise ConfigError(f"[job] trainer = {named!r}: {class_name} is not a subclass of "
+                          "torchtitan_like.train.Trainer")
+    if default is not None and default is not cls:
+        raise ConfigError(f"[job] trainer = {named!r}, but main() was given trainer_cls="
+                          f"{default.__name__}; keep one of them")
+    return cls
+
+
 def _nothing_left_to_do(config: JobConfig) -> str | None:
     """The line a finished run prints when restarted: the checkpoint it would resume from is
     at its last step already."""
@@ -402,13 +450,15 @@ def report_failure(error: BaseException) -> int:
     return code
 
 
-def run(argv: list[str], trainer_cls: type[Trainer] = Trainer) -> int:
+def run(argv: list[str], trainer_cls: type[Trainer] | None = None) -> int:
     """The job from its command line to its exit code: parse and check the config, join the
-    process group, hold the dump folder (components/run_folder.py), build and train. After
-    the first step every training process group gets ``[comm] train_timeout_seconds``."""
+    process group, hold the dump folder (components/run_folder.py), build ``[job] trainer``
+    (or ``trainer_cls``; default ``Trainer``) and train. After the first step every training
+    process group gets ``[comm] train_timeout_seconds``."""
     trainer = None
     try:
         config = parse_args(argv, int(os.environ.get("WORLD_SIZE", 1)))
+        trainer_cls = trainer_class(config, trainer_cls)
         if done := _nothing_left_to_do(config):  # before any process group, file or model
             logger.info(done)
             return ExitCode.OK
@@ -439,8 +489,9 @@ def after_first_step(optimizers: OptimizersContainer, fn: Callable[[], None]) ->
     handles.extend(opt.register_step_post_hook(once) for opt in optimizers.optimizers[:1])
 
 
-def main(argv: list[str] | None = None, trainer_cls: type[Trainer] = Trainer) -> NoReturn:
-    """The trainer's entry point; a fork calls it with its own ``Trainer`` subclass. Ends the
+def main(argv: list[str] | None = None, trainer_cls: type[Trainer] | None = None) -> NoReturn:
+    """The trainer's entry point: runs ``[job] trainer`` (or ``trainer_cls``, a fork's own
+    ``Trainer`` subclass; default ``Trainer``). Ends the
     process (distributed/lifecycle.py: with the torchrun agent, and without gloo's exit
     race) with the job's exit code (exit_codes.py)."""
     lifecycle.die_with_agent()
@@ -450,4 +501,8 @@ def main(argv: list[str] | None = None, trainer_cls: type[Trainer] = Trainer) ->
 
 
 if __name__ == "__main__":
-    main()
+    # The importable module's main: a trainer module that imports torchtitan_like.train then
+    # subclasses the very Trainer that trainer_class checks against (not __main__'s copy).
+    from torchtitan_like.train import main as importable_main
+
+    importable_main()

@@ -47,6 +47,7 @@ from torchtitan_like.distributed.pipeline import validate_pipeline
 from torchtitan_like.distributed.utils import device_type
 from torchtitan_like.models.attention_masks import check_attn_mask_type
 from torchtitan_like.models.registry import check_supported_dims, model_spec_and_args
+from torchtitan_like.models.stage_inputs import check_stage_inputs
 
 
 def _require(condition: bool, message: str) -> None:
@@ -92,6 +93,8 @@ def validate(config: JobConfig, world_size: int) -> None:
     spec, args = model_spec_and_args(config)
     check_supported_dims(spec, config)
     check_attn_mask_type(spec, config.model.attn_mask_type)
+    check_stage_inputs(spec, config.model.attn_mask_type)
+    tensor_parallel.record_loss_parallel(config, parallel_dims, spec.name, spec.loss_parallel)
     validate_expert_layout(parallel_dims, args.num_routed_experts())
     moe_low_precision.validate(config, device_type(), parallel_dims, lambda: spec.model_cls(args))
     context_parallel.validate(config, parallel_dims, spec.context_parallel_buffers is not None)

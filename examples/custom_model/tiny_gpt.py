@@ -8,6 +8,13 @@ toolkit's attention and feed-forward styles and its shared tail (distributed/pla
 and a pipeline split; ModelSpec.supported_dims says TP and PP are the parallel dimensions
 besides data parallelism it implements (CP and EP are refused at start-up).
 
+The extra head: with ``mtp_depth = D > 0`` (an override) the model grows D multi-token-
+prediction modules after the trunk (DeepSeek-V3's MTP), a second block group ``mtp`` on the
+last pipeline stage. They read the batch's token ids and labels as keyword inputs
+(ModelSpec.stage_inputs: every stage receives them) and share the trunk's embedding, which
+under PP lives on the first stage: a weight tied across stages (distributed/tied_weights.py).
+Its gathered logits (the z-loss needs whole rows) are declared with ModelSpec.loss_parallel.
+
     CONFIG_FILE=examples/custom_model/tiny_gpt.toml NPROC=2 ./run_train.sh
 """
 
@@ -26,6 +33,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from torchtitan_like.components.loss import IGNORE_INDEX, cross_entropy_sum
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed.pipeline import module_fqns_per_stage, prune_to_stage
 from torchtitan_like.distributed.plan_toolkit import apply_block_tail, attention_plan, swiglu_plan
@@ -40,6 +48,8 @@ class TinyGPTArgs(BaseModelArgs):
     vocab_size: int = 512
     max_seq_len: int = 256
     z_loss_coef: float = 1e-4  # weight of logsumexp(logits)^2 per token (PaLM's z-loss)
+    mtp_depth: int = 0  # multi-token-prediction modules (DeepSeek-V3's D); 0 = none
+    mtp_loss_coef: float = 0.3  # their weight lambda: lambda / D x the sum of their losses
 
     def update_from_config(self, job_config) -> None:
         self.max_seq_len = job_config.training.seq_len
@@ -53,11 +63,16 @@ class TinyGPTArgs(BaseModelArgs):
         d = self.dim
         block = 4 * d * d + 4 * d + 8 * d * d + 5 * d + 4 * d  # attention, MLP, two LayerNorms
         embeddings = (self.vocab_size + self.max_seq_len) * d
-        return embeddings + self.n_layers * block + 2 * d + d * self.vocab_size
+        mtp = 2 * d * d + 4 * d + block  # projection, two LayerNorms, block (embedding shared)
+        return (embeddings + self.n_layers * block + 2 * d + d * self.vocab_size
+                + self.mtp_depth * mtp)
 
     def flops_per_token(self, seq_len: int) -> int:
+        """Every depth of MTP runs its block and the shared head once more."""
         matmuls = self.num_params() - (self.vocab_size + self.max_seq_len) * self.dim
-        return 6 * matmuls + 12 * self.n_layers * self.dim * seq_len
+        head_again = self.mtp_depth * self.dim * self.vocab_size
+        blocks = self.n_layers + self.mtp_depth
+        return 6 * (matmuls + head_again) + 12 * blocks * self.dim * seq_len
 
 
 class Attention(nn.Module):
@@ -99,6 +114,24 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+class MTPModule(nn.Module):
+    """One multi-token-prediction depth k (DeepSeek-V3, arXiv:2412.19437, section 2.2): at
+    position t it combines depth k-1's hidden state with the embedding of token t + k,
+    ``h' = Block(W [norm(h); norm(emb(x_{t+k}))])``, from which the shared head predicts
+    token t + k + 1. ``embed`` is the trunk's own embedding module (a shared weight)."""
+
+    def __init__(self, args: TinyGPTArgs, embedding: nn.Embedding):
+        super().__init__()
+        self.embed = embedding
+        self.norm_h, self.norm_e = nn.LayerNorm(args.dim), nn.LayerNorm(args.dim)
+        self.proj = nn.Linear(2 * args.dim, args.dim, bias=False)
+        self.block = Block(args)
+
+    def forward(self, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        e = self.embed(tokens)
+        return self.block(self.proj(torch.cat([self.norm_h(h), self.norm_e(e)], dim=-1)))
+
+
 class TinyGPT(nn.Module):
     def __init__(self, args: TinyGPTArgs):
         super().__init__()
@@ -107,16 +140,20 @@ class TinyGPT(nn.Module):
         self.blocks = nn.ModuleDict({str(i): Block(args) for i in range(args.n_layers)})
         self.ln_f = nn.LayerNorm(args.dim)
         self.head = nn.Linear(args.dim, args.vocab_size, bias=False)
-        self.z_loss_coef = args.z_loss_coef
+        self.mtp = nn.ModuleDict({str(k): MTPModule(args, self.tok_emb)
+                                  for k in range(args.mtp_depth)})
+        self.z_loss_coef, self.mtp_loss_coef = args.z_loss_coef, args.mtp_loss_coef
         self.step_hooks = None  # given by the trainer (components/model_hooks.py)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, token_ids: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None) -> torch.Tensor:
         """Token ids -> logits; a pipeline stage without the embeddings takes hidden states,
-        one without the head returns them."""
-        h = tokens
+        one without the head returns them. ``token_ids`` and ``labels`` (every stage gets
+        them, ModelSpec.stage_inputs) feed the MTP modules in training."""
+        h = x
         if self.tok_emb is not None:
-            positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
-            h = self.tok_emb(tokens) + self.pos_emb(positions)
+            positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
+            h = self.tok_emb(x) + self.pos_emb(positions)
         for block in self.blocks.values():
             h = block(h)
         if self.head is None:
@@ -126,7 +163,25 @@ class TinyGPT(nn.Module):
             z = torch.logsumexp(logits.float(), dim=-1)
             logits = self.step_hooks.add_loss("z_loss", logits, self.z_loss_coef * (z**2).sum())
             self.step_hooks.record_metric("max_logsumexp", z.detach().amax(), reduce="max")
+            if self.mtp and self.training:
+                logits = self.step_hooks.add_loss("mtp", logits,
+                                                  self.mtp_loss_sum(h, token_ids, labels))
         return logits
+
+    def mtp_loss_sum(self, h: torch.Tensor, token_ids: torch.Tensor,
+                     labels: torch.Tensor) -> torch.Tensor:
+        """lambda / D x the sum over depths k of the cross-entropy sum of predicting token
+        t + k + 1 at every position t that has one. The stream x_0 .. x_S is the inputs and
+        the last label; depth k reads x_{t+k} (0 past the end) and is scored on
+        ``labels[t + k]`` = x_{t+k+1} (ignored past the end)."""
+        seq = token_ids.shape[1]
+        stream = torch.cat([token_ids, labels[:, -1:].clamp(min=0)], dim=1)
+        total = torch.zeros((), device=h.device)
+        for k, module in enumerate(self.mtp.values(), 1):
+            h = module(h, F.pad(stream, (0, k))[:, k : k + seq])
+            targets = F.pad(labels, (0, k), value=IGNORE_INDEX)[:, k : k + seq]
+            total = total + cross_entropy_sum(self.head(self.ln_f(h)), targets)
+        return self.mtp_loss_coef / len(self.mtp) * total
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -141,10 +196,11 @@ class TinyGPT(nn.Module):
 
 def parallelize_tiny_gpt(model: TinyGPT, parallel_dims, meshes, config) -> TinyGPT:
     """TP (each pipeline stage comes here like a whole model), then activation checkpointing,
-    compile and one FSDP unit per block, the rest in the root."""
+    compile and one FSDP unit per block of both block groups (trunk and MTP), the rest (the
+    shared embedding among it) in the root."""
     if parallel_dims.tp_enabled:
         apply_tp(model, meshes.tp)
-    apply_block_tail(model, model.blocks, parallel_dims, meshes, config)
+    apply_block_tail(model, [model.blocks, model.mtp], parallel_dims, meshes, config)
     return model
 
 
@@ -154,31 +210,47 @@ def apply_tp(model: TinyGPT, tp_mesh) -> None:
     their partial lookups reduce-scattered into sequence shards; LayerNorms run on the shard;
     attention and MLP use the toolkit's column-wise/row-wise pairs. The head gathers whole
     logits on every TP rank (no loss parallel): the z-loss needs each row's log-sum-exp, and
-    every TP rank computes the same loss terms from them."""
+    every TP rank computes the same loss terms from them. The MTP modules take their
+    embedding (the trunk's, split once) and their projection on sequence shards like a norm
+    (SequenceParallel: replicated weight, its gradient summed over TP)."""
+    embedding = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
     edges = {}
     for name in ("tok_emb", "pos_emb"):
         if getattr(model, name) is not None:
-            edges[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+            edges[name] = embedding
+    if model.tok_emb is None and model.mtp:  # the last stage's copy of the shared embedding
+        edges[f"mtp.{next(iter(model.mtp))}.embed"] = embedding
     if model.head is not None:
         edges["ln_f"] = SequenceParallel()
         edges["head"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
     parallelize_module(model, tp_mesh, edges)
-    device = tp_mesh.device_type
     for block in model.blocks.values():
-        parallelize_module(block, tp_mesh, {
-            "ln1": SequenceParallel(),
-            **attention_plan(block, device, name="attn", qkv=("q", "k", "v"), out="proj",
-                             extra_inputs=0),
-            "ln2": SequenceParallel(),
-            **swiglu_plan(block, device, name="mlp", gate_up=("fc",), down="out"),
-        })
+        _tp_block(block, tp_mesh)
+    for module in model.mtp.values():
+        parallelize_module(module, tp_mesh, {  # the block takes a local sequence shard
+            "norm_h": SequenceParallel(), "norm_e": SequenceParallel(),
+            "proj": SequenceParallel(use_local_output=True)})
+        _tp_block(module.block, tp_mesh)
+
+
+def _tp_block(block: Block, tp_mesh) -> None:
+    device = tp_mesh.device_type
+    parallelize_module(block, tp_mesh, {
+        "ln1": SequenceParallel(),
+        **attention_plan(block, device, name="attn", qkv=("q", "k", "v"), out="proj",
+                         extra_inputs=0),
+        "ln2": SequenceParallel(),
+        **swiglu_plan(block, device, name="mlp", gate_up=("fc",), down="out"),
+    })
 
 
 def pipeline_tiny_gpt(model: TinyGPT, stage_ids: list[int], config) -> list[TinyGPT]:
-    """Embeddings open the first stage, the final norm and head close the last; blocks are
-    balanced (or split as [parallelism] pipeline_parallel_module_fqns_per_stage says)."""
+    """Embeddings open the first stage, the final norm, head and MTP modules close the last
+    (with their copy of the embedding); blocks are balanced (or split as [parallelism]
+    pipeline_parallel_module_fqns_per_stage says)."""
     fqns = module_fqns_per_stage(config.parallelism, len(model.blocks),
-                                 first=["tok_emb", "pos_emb"], last=["ln_f", "head"],
+                                 first=["tok_emb", "pos_emb"],
+                                 last=["ln_f", "head", *(f"mtp.{k}" for k in model.mtp)],
                                  blocks="blocks")
     return [prune_to_stage(model, fqns[stage]) for stage in stage_ids]
 
@@ -191,5 +263,7 @@ register_model(
         parallelize_fn=parallelize_tiny_gpt,
         pipelining_fn=pipeline_tiny_gpt,
         supported_dims=frozenset({"tp", "pp"}),
+        stage_inputs=frozenset({"token_ids", "labels"}),  # for the MTP modules
+        loss_parallel=False,  # the head gathers whole logits: the z-loss needs whole rows
     )
 )

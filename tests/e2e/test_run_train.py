@@ -1,5 +1,7 @@
-"""The README's training command, and a model registered from outside the package."""
+"""The README's training command, and a model registered from outside the package, trained
+by a Trainer subclass named in the config (``[job] trainer``)."""
 
+import json
 import subprocess
 import sys
 
@@ -36,8 +38,11 @@ def test_custom_model_trains_with_fsdp_like_one_process(tmp_path, corpus):
               "--metrics.log_freq=1", "--metrics.peak_tflops=1", "--debug.deterministic=true",
               "--validation.enable=false", "--training.dataset=local",
               f"--training.dataset_path={corpus}"]
-    out = run_train(tmp_path / "two", *common, nproc=2, config=config)
+    trainer = "--job.trainer=tests/plugins/custom_trainer.py:CountingTrainer"
+    out = run_train(tmp_path / "two", *common, trainer, nproc=2, config=config)
     assert "tiny_gpt small" in out and "dp_shard 2" in out
+    assert json.loads((tmp_path / "two" / "trainer.json").read_text()) == {
+        "class": "CountingTrainer", "microbatches": 6}  # 6 steps of 1 microbatch per rank
     run_train(tmp_path / "one", *common, config=config)
     two, one = losses(read_metrics(tmp_path / "two")), losses(read_metrics(tmp_path / "one"))
     assert two[-1] < two[0]

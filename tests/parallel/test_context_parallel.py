@@ -34,7 +34,7 @@ def runs(corpus, tmp_path_factory):
         "cp2_alltoall_headtail": [*CP2, *WHOLE, *ALLTOALL],
         "cp2_allgather_none": [*CP2, *WHOLE, *NO_BALANCE],
         "cp2_alltoall_none": [*CP2, *WHOLE, *ALLTOALL, *NO_BALANCE],
-        "cp2_accumulation": CP2,  # local 2 of global 4: two microbatches, each sharded
+        "cp2_accumulation": [*CP2, *VALIDATE],  # local 2 of global 4: two microbatches
         "cp2_selective_ac": [*CP2, *WHOLE, "--activation_checkpoint.mode", "selective"],
     }, root / "two", corpus)
     four = launch(4, {
@@ -63,9 +63,11 @@ def test_matches_one_process(runs, case):
     assert grad_norms(runs[case]) == pytest.approx(reference, rel=GRAD_NORM_RTOL)
 
 
-@pytest.mark.parametrize("case", ["cp2_allgather_headtail", "cp2_fsdp2", "cp2_tp2", "cp2_pp2"])
+@pytest.mark.parametrize("case", ["cp2_allgather_headtail", "cp2_accumulation", "cp2_fsdp2",
+                                  "cp2_tp2", "cp2_pp2"])
 def test_validation_matches_one_process(runs, case):
-    """Validation shards its batches too; tokens are counted before the sharding."""
+    """Validation shards its batches too; tokens are counted before the sharding. Local batch 2
+    reads the reference's held-out sequences in twice as many batches."""
     [actual] = [r["validation_loss"] for r in runs[case] if "validation_loss" in r]
     [expected] = [r["validation_loss"] for r in runs["reference"] if "validation_loss" in r]
     assert_close([actual], [expected], TOL)

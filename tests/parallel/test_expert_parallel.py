@@ -71,6 +71,10 @@ two halves inside the MoE's sequence-local region.
 The balancing bias is compared exactly: it moves by +-coeff from integer token counts summed
 over the data-parallel ranks, so it equals the one-process trajectory unless a routing
 decision flips, which the loss tolerance would catch first.
+
+The validation loss after the last step, under EP 2 at local batch 2 and FSDP 4 x EP 2 at local
+batch 1, against the one process at local batch 4: the same held-out sequences (``[validation]
+steps`` counts global batches), routed by the same weights; class (b), FP32_PARITY_TOL.
 """
 
 import json
@@ -97,10 +101,12 @@ def ep(degree: int, *more: str) -> list[str]:
 
 
 LOCAL1 = ["--training.local_batch_size", "1"]
+VALIDATE = ["--validation.enable", "true", "--validation.freq", "3", "--validation.steps", "2"]
+VALIDATED = ["ep2", "fsdp4_ep2"]
 CP2 = ["--parallelism.context_parallel_degree", "2"]
 SAVE = ["--checkpoint.enable", "true", "--checkpoint.interval", "1"]
 TWO = {
-    "ep2": ep(2, *SAVE),  # dense FSDP over the same 2 ranks; experts: 4 per rank
+    "ep2": ep(2, *SAVE, *VALIDATE),  # dense FSDP over the same 2 ranks; experts: 4 per rank
     "ep2_ac_full": ep(2, "--activation_checkpoint.mode", "full"),
     "ep2_ac_op": ep(2, "--activation_checkpoint.mode", "selective"),
     "ep2_from_one": ep(2, *SAVE),  # resumes the one-process step-1 checkpoint
@@ -122,7 +128,7 @@ TWO = {
 }
 FOUR = {
     "hsdp_2x2_ep2": ep(2, "--parallelism.data_parallel_replicate_degree", "2", *LOCAL1),
-    "fsdp4_ep2": ep(2, *LOCAL1),  # experts FSDP-sharded over the 2 ranks that share them
+    "fsdp4_ep2": ep(2, *LOCAL1, *VALIDATE),  # experts FSDP-sharded over the 2 ranks sharing
     # TP 2 x EP 2 (ETP = TP): experts on the (ep, etp) mesh, EP over the dp_shard pair
     "tp2_ep2_etp2": ep(2, "--parallelism.tensor_parallel_degree", "2",
                        "--parallelism.expert_tensor_parallel_degree", "2"),
@@ -181,7 +187,7 @@ def runs(corpus, tmp_path_factory):
     root = tmp_path_factory.mktemp("ep")
     reference = [*MOE, "--training.local_batch_size", "4", *SAVE]
     compiled = compile_blocks(tmp_path_factory)
-    one = launch(1, {"reference": reference,
+    one = launch(1, {"reference": [*reference, *VALIDATE],
                      "reference_aux": [*reference, "--model.flavor", "debugmodel_aux"],
                      "reference_mxfp8": [*MOE, "--training.local_batch_size", "4", *MXFP8],
                      "reference_blockwise": [*MOE, "--training.local_batch_size", "4",
@@ -216,6 +222,14 @@ def test_matches_one_process(runs, case):
     # Rank 0 records the MoE layers it holds: all of them, or under PP its stage's (the first).
     held = len(biases[case][0])
     assert held >= 1 and biases[case] == [step[:held] for step in biases["reference"]]
+
+
+@pytest.mark.parametrize("case", VALIDATED)
+def test_validation_matches_one_process(runs, case):
+    records, _ = runs
+    [actual] = [r["validation_loss"] for r in records[case] if "validation_loss" in r]
+    [expected] = [r["validation_loss"] for r in records["reference"] if "validation_loss" in r]
+    assert_close([actual], [expected], TOL)
 
 
 @pytest.mark.parametrize("case", ETP1)

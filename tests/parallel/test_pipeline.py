@@ -47,9 +47,9 @@ LAYOUTS: dict[int, dict[str, list[str]]] = {
         "block_causal_reference": BLOCK_CAUSAL},
     2: {
         **{f"pp2_{name}": [*PP2, schedule(name)] for name in SCHEDULES},
-        # 2 schedule steps of 2 microbatches accumulate into one optimizer step (validation
-        # reads batches of 2, so 4 of them cover the reference's 2 batches of 4).
-        "pp2_accumulation": [*PP2, "--training.local_batch_size=2", "--validation.steps=4"],
+        # 2 schedule steps of 2 microbatches accumulate into one optimizer step; validation
+        # reads the same 2 global batches as the reference, in 4 local batches of 2.
+        "pp2_accumulation": [*PP2, "--training.local_batch_size=2"],
         # Activation checkpointing through the plan, under the split (B/W) backward.
         "pp2_ZBVZeroBubble_full_ac": [*PP2, schedule("ZBVZeroBubble"),
                                       "--activation_checkpoint.mode=full"],

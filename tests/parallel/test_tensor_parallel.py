@@ -48,7 +48,7 @@ def runs(corpus, tmp_path_factory):
     two = launch(2, {  # TP=2 alone: both ranks read the whole batch
         "tp2": [*TP2, *whole, *VALIDATE],
         "tp2_no_loss_parallel": [*TP2, *whole, "--parallelism.disable_loss_parallel", "true"],
-        "tp2_accumulation": TP2,  # local 2 of global 4: two microbatches
+        "tp2_accumulation": [*TP2, *VALIDATE],  # local 2 of global 4: two microbatches
         "tp2_selective_ac": [*TP2, *whole, "--activation_checkpoint.mode", "selective"],
         "tp2_tied": [*TP2, *whole, *TIED],
         "tp2_blockwise": [*WIDE, *BLOCKWISE, *TP2, *whole],
@@ -80,9 +80,10 @@ def grad_norms(records: list[dict]) -> list[float]:
     return [r["grad_norm"] for r in records if "grad_norm" in r]
 
 
-@pytest.mark.parametrize("case", ["tp2", "fsdp2_tp2"])
+@pytest.mark.parametrize("case", ["tp2", "tp2_accumulation", "fsdp2_tp2"])
 def test_validation_matches_one_process(runs, case):
-    """Validation runs its loss under loss parallel too."""
+    """Validation runs its loss under loss parallel too, over the same held-out sequences at
+    local batch 4 and 2 (``[validation] steps`` counts global batches)."""
     [actual] = [r["validation_loss"] for r in runs[case] if "validation_loss" in r]
     [expected] = [r["validation_loss"] for r in runs["reference"] if "validation_loss" in r]
     assert_close([actual], [expected], TOL)

@@ -7,7 +7,7 @@ import sys
 from torchtitan_like.distributed.lifecycle import exit_process
 from torchtitan_like.distributed.utils import init_distributed
 from torchtitan_like.logging import init_logger
-from torchtitan_like.train import Trainer
+from torchtitan_like.train import trainer_class
 from torchtitan_like.validate import parse_args
 
 
@@ -18,7 +18,8 @@ def main() -> None:
     world_size = int(os.environ["WORLD_SIZE"])
     device = init_distributed()
     for overrides in cases.values():
-        Trainer(parse_args(overrides, world_size), device).train()
+        config = parse_args(overrides, world_size)
+        trainer_class(config)(config, device).train()  # [job] trainer, else Trainer
     exit_process(0)
 
 

@@ -1,6 +1,6 @@
 """The ablation runner's pieces: sweep files, error lines, and the results it writes.
 
-The end-to-end sweep (real training runs, one of them failing) is tests/e2e/test_ablate.py.
+The end-to-end sweep (real training runs, two of them refused) is tests/e2e/test_ablation_sweep.py.
 """
 
 import json
@@ -10,16 +10,8 @@ from pathlib import Path
 import pytest
 
 from torchtitan_like.models.registry import model_spec_and_args
-from torchtitan_like.tools.ablate import (
-    Result,
-    Sweep,
-    SweepError,
-    Variant,
-    error_line,
-    load_sweep,
-    main,
-    write_results,
-)
+from torchtitan_like.tools.ablate import Sweep, SweepError, Variant, error_line, load_sweep, main
+from torchtitan_like.tools.ablate_report import Result, model_metric_names, write_results
 from torchtitan_like.validate import parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,15 +143,35 @@ def _sweep(tmp_path: Path) -> Sweep:
 def test_results_table_and_csv(tmp_path):
     results = [_result("base", [5.0, 4.0, 3.0]), _result("faster", [5.0, 4.0, 3.25]),
                _result("broken", [], "failed (exit 1)", "config error: no")]
+    for i, record in enumerate(results[1].records):  # the model's own metrics, last one shown
+        record.update({"aux_loss/z_loss": 0.5 - i / 10, "max_logsumexp": 7.0 + i,
+                       "data_share/web": 0.5, "moe_load": [1, 2]})
+    results[1].records.append({"step": 3, "validation_loss": 3.5, "validation_perplexity": 33.1})
     write_results(_sweep(tmp_path), results, tmp_path)
     rows = (tmp_path / "results.csv").read_text().splitlines()
     assert rows[0].startswith("variant,status,nproc,steps_logged,tokens_per_second")
-    assert rows[2].startswith("faster,ok,2,3,250,2.5,0.7,,3.25,0.25,")
+    assert rows[0].endswith(",validation_loss,wall_seconds,error,overrides,aux_loss/z_loss,"
+                            "max_logsumexp")
+    assert rows[2].startswith("faster,ok,2,3,250,2.5,0.7,,3.25,0.25,3.5,")
+    assert rows[2].endswith(",0.3,9") and rows[1].endswith(",,")
     assert rows[3].startswith("broken,failed (exit 1),2,0,")
     assert "config error: no" in rows[3]
     table = (tmp_path / "results.md").read_text()
-    assert "| faster | 2 | ok | 250 | 2.50 | 0.700 |  | 3.2500 | +0.2500 |" in table
+    assert "| val loss | wall s | aux_loss/z_loss | max_logsumexp |" in table
+    assert "| faster | 2 | ok | 250 | 2.50 | 0.700 |  | 3.2500 | +0.2500 | 3.5000 | 12 | 0.3 " \
+        "| 9 |" in table
     assert "**broken** (failed (exit 1)): `config error: no`" in table
+
+
+def test_model_metric_names_leave_out_the_trainers_keys():
+    record = {"step": 1, "loss": 2.0, "grad_norm": 1.0, "lr": 1e-3, "epoch": 0,
+              "tokens_seen": 9, "tokens_per_second": 1.0, "tokens_per_second_total": 2.0,
+              "tflops": 0.1, "mfu": None, "mfu_peak_tflops": None, "memory_gib": 0.1,
+              "data_loading_percent": 1.0, "checkpoint_seconds": 0.0, "validation_seconds": 0.0,
+              "elapsed_seconds": 1.0, "eta_seconds": 2.0, "data_tokens/a": 5, "data_share/a": 1.0,
+              "aux_loss/mtp": 0.2, "moe_imbalance/max": 1.5, "flag": True}
+    assert model_metric_names([record, {"step": 1, "validation_loss": 2.0}]) == [
+        "aux_loss/mtp", "moe_imbalance/max"]
 
 
 def test_chart(tmp_path):
@@ -170,9 +182,10 @@ def test_chart(tmp_path):
 
 def test_missing_matplotlib_skips_the_chart(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    write_results(_sweep(tmp_path), [_result("base", [5.0])], tmp_path)
+    assert write_results(_sweep(tmp_path), [_result("base", [5.0])], tmp_path) is False
     assert not (tmp_path / "results.png").exists()
-    assert "No chart: matplotlib is not installed" in (tmp_path / "results.md").read_text()
+    assert "No chart: matplotlib is not installed (the `plot` extra" in (
+        tmp_path / "results.md").read_text()
 
 
 def test_steady_state_means_skip_the_first_step():

@@ -10,11 +10,7 @@ import torch
 from harness import ROOT
 
 from torchtitan_like.config.errors import ConfigError
-from torchtitan_like.models.attention_masks import (
-    dense_block_causal_mask,
-    document_ids,
-    model_inputs,
-)
+from torchtitan_like.models.attention_masks import dense_block_causal_mask, document_ids
 from torchtitan_like.models.deepseek_v3 import DeepSeekV3Model, deepseek_v3_flavors
 from torchtitan_like.models.llama3 import Transformer, llama3_flavors
 from torchtitan_like.models.qwen3 import Qwen3Model, qwen3_flavors
@@ -38,8 +34,6 @@ def test_document_ids_and_mask_by_hand():
     ], dtype=torch.bool)
     mask = dense_block_causal_mask(ids)
     assert mask.shape == (1, 1, 6, 6) and torch.equal(mask[0, 0], expected)
-    assert model_inputs(tokens, "causal", EOS) == {}
-    assert torch.equal(model_inputs(tokens, "block_causal", EOS)["document_ids"], ids)
 
 
 def _small(flavors, name, **changes):
@@ -69,7 +63,8 @@ def test_logits_ignore_the_previous_document(name):
     second[0, :5] = torch.randint(3, 100, (5,))
     with torch.no_grad():
         def logits(tokens, mask_type):
-            return model(tokens, **model_inputs(tokens, mask_type, EOS))[0, 6:]
+            ids = {"document_ids": document_ids(tokens, EOS)} if mask_type == "block_causal" else {}
+            return model(tokens, **ids)[0, 6:]
 
         assert torch.equal(logits(first, "block_causal"), logits(second, "block_causal"))
         assert not torch.allclose(logits(first, "causal"), logits(second, "causal"))

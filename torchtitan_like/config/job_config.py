@@ -42,6 +42,9 @@ class Job:
     overwrite: bool = False
     """A fresh run into a folder with another run's outputs archives them (dump_folder/archive)."""
 
+    trainer: str = ""
+    """Trainer subclass to run, "module:Class" (a dotted name or .py path); empty = Trainer."""
+
 
 @dataclass
 class Model:
@@ -390,7 +393,7 @@ class Validation:
     """Validate every this many steps (and after the last step)."""
 
     steps: int = ranged(10, ge=1)
-    """Batches per validation pass; every pass reads the same ones, so passes compare."""
+    """Global batches per pass: one fixed held-out set of sequences, whatever the layout."""
 
 
 @dataclass

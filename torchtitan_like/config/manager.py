@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import traceback
+import types
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -300,14 +301,13 @@ def _exits_refused() -> Iterator[None]:
         os._exit = real_exit
 
 
-def _import_one(name: str) -> None:
+def _import_one(name: str) -> types.ModuleType:
     if not name.endswith(".py"):
-        importlib.import_module(name)
-        return
+        return importlib.import_module(name)
     path = Path(name).resolve()
     loaded = sys.modules.get(path.stem)
     if loaded is not None and getattr(loaded, "__file__", None) == str(path):
-        return  # already imported (e.g. by an earlier job in the same process)
+        return loaded  # already imported (e.g. by an earlier job in the same process)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     if spec is None or spec.loader is None or not path.is_file():
         raise FileNotFoundError(path)
@@ -318,6 +318,7 @@ def _import_one(name: str) -> None:
     except BaseException:
         del sys.modules[path.stem]  # half a module: a later import runs it afresh
         raise
+    return module
 
 
 def import_custom_modules(names: list[str]) -> None:
@@ -325,19 +326,26 @@ def import_custom_modules(names: list[str]) -> None:
     A module that fails, or that tries to end the process (``sys.exit``, ``os._exit``), is a
     ConfigError naming it: a job must not end while reading its config."""
     for name in names:
-        try:
-            with _exits_refused():
-                _import_one(name)
-        except (ImportError, FileNotFoundError) as e:
-            raise ConfigError(f"[job] custom_import: cannot import {name!r}: {e}") from e
-        except (SystemExit, _ExitDuringImport) as e:
-            how = f"called sys.exit({e.code!r})" if isinstance(e, SystemExit) else str(e)
-            raise ConfigError(f"[job] custom_import: {name!r} {how} while being imported; a "
-                              "module named there must define and register, not end the job"
-                              ) from None
-        except Exception as e:  # the module's own code failed: name the file and line
-            raise ConfigError(f"[job] custom_import: {name!r} failed at {_failing_line(e)}: "
-                              f"{type(e).__name__}: {e}") from e
+        import_user_module(name, "[job] custom_import")
+
+
+def import_user_module(name: str, where: str) -> types.ModuleType:
+    """The module ``name`` (a dotted name, or a .py path imported under its file's stem, once
+    per process); ConfigError naming ``where`` (the field) if it cannot be imported, fails, or
+    tries to end the process (``sys.exit``, ``os._exit``): a job must not end while reading its
+    config."""
+    try:
+        with _exits_refused():
+            return _import_one(name)
+    except (ImportError, FileNotFoundError) as e:
+        raise ConfigError(f"{where}: cannot import {name!r}: {e}") from e
+    except (SystemExit, _ExitDuringImport) as e:
+        how = f"called sys.exit({e.code!r})" if isinstance(e, SystemExit) else str(e)
+        raise ConfigError(f"{where}: {name!r} {how} while being imported; a module named there "
+                          "must define (and register), not end the job") from None
+    except Exception as e:  # the module's own code failed: name the file and line
+        raise ConfigError(f"{where}: {name!r} failed at {_failing_line(e)}: "
+                          f"{type(e).__name__}: {e}") from e
 
 
 def _failing_line(error: BaseException) -> str:
@@ -468,6 +476,7 @@ __all__ = [
     "field_docs",
     "help_text",
     "import_custom_modules",
+    "import_user_module",
     "reference_markdown",
     "sections",
     "to_dict",

@@ -23,6 +23,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from torchtitan_like.distributed.tied_weights import tied_aliases
+
 
 def reshard_after_forward(policy: str, pp_enabled: bool) -> bool:
     """``default`` frees gathered parameters after forward except under PP, where each
@@ -45,9 +47,13 @@ def apply_fsdp(
     """Shard each group of ``groups`` as one unit, then the root (whatever is left, except
     ``ignored_params``).
 
-    The last group runs first in backward, so it is never resharded after forward.
+    The last group runs first in backward, so it is never resharded after forward. A parameter
+    the model reaches under several names (a module shared by the trunk and an extra head,
+    which may sit inside a group) belongs to the root unit, gathered for the whole forward and
+    reduced once: a group's unit would gather it only around the group's own forward.
     """
     mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    shared = {model.get_parameter(name) for name in tied_aliases(model)}
     for i, group in enumerate(groups):
         modules = [m for m in group if m is not None]
         if modules:
@@ -56,7 +62,7 @@ def apply_fsdp(
                 mesh=mesh,
                 mp_policy=mp_policy,
                 reshard_after_forward=reshard and i < len(groups) - 1,
-                ignored_params=ignored_params,
+                ignored_params=(ignored_params or set()) | shared,
             )
     fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard,
                 ignored_params=ignored_params)
@@ -64,3 +70,4 @@ def apply_fsdp(
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
+

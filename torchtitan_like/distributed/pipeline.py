@@ -332,7 +332,7 @@ class Pipeline:
     def _scaled_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return self.loss_fn(logits, labels) / self.normaliser
 
-    def _run(self, step: Callable, inputs: torch.Tensor, labels: torch.Tensor,
+    def _run(self, step: Callable, inputs: torch.Tensor, labels: torch.Tensor, /,
              **kwargs) -> torch.Tensor:
         losses: list[torch.Tensor] = []
         step(*([inputs] if self.has_first else []),
@@ -342,16 +342,17 @@ class Pipeline:
         return torch.stack(losses).sum().detach()
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor,
-                         global_tokens: torch.Tensor, **model_kwargs: torch.Tensor
+                         global_tokens: torch.Tensor, /, **model_kwargs: torch.Tensor
                          ) -> torch.Tensor:
         """One schedule step; returns sum(cross-entropy) / global_tokens on the last stage.
-        ``model_kwargs`` (batch-first tensors, e.g. document ids) are cut into the same
-        microbatches as the inputs and reach the forward of every stage, first or not."""
+        ``model_kwargs`` (batch-first tensors: models/stage_inputs.py, e.g. document ids or
+        the labels themselves) are cut into the same microbatches as the inputs and reach the
+        forward of every stage, first or not."""
         self.normaliser = global_tokens
         return self._run(self.schedule.step, inputs, labels, return_outputs=False,
                          **model_kwargs)
 
-    def loss_sum(self, inputs: torch.Tensor, labels: torch.Tensor,
+    def loss_sum(self, inputs: torch.Tensor, labels: torch.Tensor, /,
                  **model_kwargs: torch.Tensor) -> torch.Tensor:
         """Forward only (validation); the summed cross-entropy on the last stage, else 0."""
         self.normaliser = torch.ones((), device=self.device)

@@ -105,24 +105,41 @@ def swiglu_plan(block: nn.Module, device_type: str, name: str = "feed_forward",
     return _sequence_parallel_pair(block, device_type, name, list(gate_up), down, extra_inputs)
 
 
-def apply_block_tail(model: nn.Module, blocks: nn.ModuleDict, parallel_dims: ParallelDims,
+BlockGroups = nn.ModuleDict | Sequence[nn.ModuleDict | None]
+"""One ModuleDict of blocks, or several (a trunk and a multi-token-prediction group, ...);
+None entries (groups a pipeline stage dropped) are skipped."""
+
+
+def _group_list(blocks: BlockGroups) -> list[nn.ModuleDict]:
+    """``blocks`` as a list of the ModuleDicts it names."""
+    if isinstance(blocks, nn.ModuleDict):
+        return [blocks]
+    return [group for group in blocks if group is not None]
+
+
+def apply_block_tail(model: nn.Module, blocks: BlockGroups, parallel_dims: ParallelDims,
                      meshes: Meshes, config: JobConfig, *,
                      before: Sequence[Sequence[nn.Module | None]] = (),
                      after: Sequence[Sequence[nn.Module | None]] = (),
                      routed_experts: Sequence[nn.Module] = ()) -> None:
-    """Expert parallelism -> activation checkpointing -> compile -> FSDP2 over ``blocks`` (a
-    ModuleDict, in place), the shared tail of every plan. FSDP units, in forward order: the
-    groups ``before`` the blocks (e.g. the embedding), one per block, the groups ``after`` them
-    (e.g. norm + head), and the rest of ``model`` as the root unit (None entries, modules a
-    pipeline stage dropped, are skipped). Under EP, ``routed_experts`` (the GroupedExperts of
-    the part's MoE layers) are sharded over ``ep`` with the token all-to-alls, then get their
-    own FSDP units over the expert-FSDP mesh (distributed/expert_parallel.py); under compile,
-    the blocks holding them are compiled around them (distributed/compile.py)."""
+    """Expert parallelism -> activation checkpointing -> compile -> FSDP2 over the blocks of
+    ``blocks`` (a ModuleDict, or several, each changed in place), the shared tail of every
+    plan. AC's every-N-th rule counts within each group. FSDP units, in forward order: the
+    groups ``before`` the blocks (e.g. the embedding), one per block (group after group), the
+    groups ``after`` them (e.g. norm + head), and the rest of ``model`` as the root unit (None
+    entries, modules a pipeline stage dropped, are skipped). A module used twice in a forward
+    (a weight shared by the trunk and an extra head) belongs in the root unit. Under EP,
+    ``routed_experts`` (the GroupedExperts of the part's MoE layers) are sharded over ``ep``
+    with the token all-to-alls, then get their own FSDP units over the expert-FSDP mesh
+    (distributed/expert_parallel.py); under compile, the blocks holding them are compiled
+    around them (distributed/compile.py)."""
+    groups = _group_list(blocks)
     if parallel_dims.ep_enabled:
         apply_expert_parallel(routed_experts, meshes.expert["ep", "etp"] if parallel_dims.etp > 1
                               else meshes.expert["ep"])
-    apply_ac(blocks, config.activation_checkpoint)
-    apply_compile(blocks, config.compile, routed_experts)
+    for group in groups:
+        apply_ac(group, config.activation_checkpoint)
+        apply_compile(group, config.compile, routed_experts)
     if not parallel_dims.fsdp_enabled:
         return
     param_dtype = DTYPES[config.training.mixed_precision_param]
@@ -134,6 +151,6 @@ def apply_block_tail(model: nn.Module, blocks: nn.ModuleDict, parallel_dims: Par
         ignored = apply_expert_fsdp(routed_experts, expert_fsdp_mesh(meshes.expert),
                                     param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                                     reshard=reshard)
-    apply_fsdp(model, meshes.fsdp, [*before, *([block] for block in blocks.values()), *after],
-               param_dtype=param_dtype, reduce_dtype=reduce_dtype, reshard=reshard,
-               ignored_params=ignored)
+    units = [[block] for group in groups for block in group.values()]
+    apply_fsdp(model, meshes.fsdp, [*before, *units, *after], param_dtype=param_dtype,
+               reduce_dtype=reduce_dtype, reshard=reshard, ignored_params=ignored)

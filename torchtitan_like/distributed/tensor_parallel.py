@@ -76,6 +76,19 @@ def validate(config: JobConfig, parallel_dims: ParallelDims) -> None:
         )
 
 
+def record_loss_parallel(config: JobConfig, parallel_dims: ParallelDims, model_name: str,
+                         plan_shards_logits: bool) -> None:
+    """Record loss parallel as off when the model's plan gathers the logits under TP
+    (``ModelSpec.loss_parallel = False``), so that the config, the layout in checkpoint.json
+    and the train context all say what runs: a plain cross-entropy on whole logits."""
+    p = config.parallelism
+    if parallel_dims.tp_enabled and not plan_shards_logits and not p.disable_loss_parallel:
+        p.disable_loss_parallel = True
+        logger.info(f"loss parallel: off, recorded as [parallelism] disable_loss_parallel = "
+                    f"true: model {model_name!r} gathers whole logits under TP "
+                    "(ModelSpec.loss_parallel = False)")
+
+
 def _validate_async_tp(config: JobConfig, tp: int) -> None:
     if tp == 1:
         raise ConfigError(

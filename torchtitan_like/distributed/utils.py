@@ -6,7 +6,7 @@ import contextlib
 import datetime
 import os
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -19,6 +19,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
+
+from torchtitan_like.distributed.tied_weights import plain_name, tied_aliases
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -149,8 +151,10 @@ def init_weights(
     reference.init_weights()
     full = reference.state_dict()
     for part in model_parts:  # a pipeline stage takes the entries of the modules it kept
-        own = {k: full[k] for k in get_model_state_dict(part)}
-        set_model_state_dict(part, own, options=StateDictOptions(full_state_dict=True))
+        further = {plain_name(name) for name in tied_aliases(part)}  # one Parameter, set once
+        own = {k: full[k] for k in get_model_state_dict(part) if k not in further}
+        set_model_state_dict(part, own, options=StateDictOptions(full_state_dict=True,
+                                                                 strict=not further))
 
 
 def train_context(
@@ -192,7 +196,8 @@ def maybe_autocast(fsdp_enabled: bool, param_dtype: torch.dtype, device: torch.d
 
 
 def clip_grad_norm_(
-    parameters: Iterable[nn.Parameter], max_norm: float, pp_mesh: DeviceMesh | None = None
+    parameters: Iterable[nn.Parameter], max_norm: float, pp_mesh: DeviceMesh | None = None,
+    uncounted: Collection[nn.Parameter] = (),
 ) -> torch.Tensor:
     """Total gradient 2-norm over all ranks, clipped to ``max_norm`` when it is > 0.
 
@@ -200,11 +205,15 @@ def clip_grad_norm_(
     all-reduce per mesh: dense and expert-parallel weights live on different meshes (one op
     cannot mix them), so each mesh's squared norm is computed apart and the squares added.
     Under pipeline parallelism each stage holds different parameters, so the squared norms of
-    the stages are summed over the ``pp`` mesh as well.
+    the stages are summed over the ``pp`` mesh as well. ``uncounted`` parameters (copies of a
+    weight tied across stages, distributed/tied_weights.py) are clipped but left out of the
+    norm, which counts their weight once.
     """
+    parameters = list(parameters)
     grads = [p.grad for p in parameters if p.grad is not None]
+    skipped = {id(p) for p in uncounted}
     by_mesh: dict[DeviceMesh | None, list[torch.Tensor]] = {}
-    for grad in grads:
+    for grad in (p.grad for p in parameters if p.grad is not None and id(p) not in skipped):
         by_mesh.setdefault(grad.device_mesh if isinstance(grad, DTensor) else None, []).append(grad)
     norms = [torch.nn.utils.get_total_norm(group, foreach=True) for group in by_mesh.values()]
     norms = [n.full_tensor() if isinstance(n, DTensor) else n for n in norms] or [torch.zeros(())]

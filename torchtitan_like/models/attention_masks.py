@@ -6,10 +6,10 @@ attends only to earlier tokens of its own document. A document's id is the numbe
 tokens strictly before it in the sample, i.e. the id increments *after* each EOS (TorchTitan's
 convention): an EOS belongs to the document it closes, the BOS that follows opens the next.
 
-The trainer computes the document ids from the input tokens (``model_inputs``) and hands them to
-the model as ``document_ids``, which every pipeline stage receives beside its activations (later
-stages never see the tokens). The model builds the mask once per forward (``build_mask``) and
-each attention layer runs ``attention``:
+The trainer computes the document ids from the input tokens and hands them to the model as the
+keyword input ``document_ids``, which every pipeline stage receives beside its activations
+(models/stage_inputs.py; later stages never see the tokens). The model builds the mask once
+per forward (``build_mask``) and each attention layer runs ``attention``:
 
 - no mask (causal): SDPA with ``is_causal``;
 - on CUDA: FlexAttention with a ``BlockMask`` from ``create_block_mask``; the (query, key)
@@ -51,15 +51,6 @@ def document_ids(tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
     strictly before each position (an EOS belongs to the document it closes)."""
     is_eos = (tokens == eos_id).to(torch.int32)
     return torch.cumsum(is_eos, dim=1) - is_eos
-
-
-def model_inputs(tokens: torch.Tensor, attn_mask_type: str, eos_id: int
-                 ) -> dict[str, torch.Tensor]:
-    """The model's keyword inputs beside the tokens for ``[model] attn_mask_type``: nothing for
-    causal, the ``document_ids`` for block_causal."""
-    if attn_mask_type == "block_causal":
-        return {"document_ids": document_ids(tokens, eos_id)}
-    return {}
 
 
 def dense_block_causal_mask(doc_ids: torch.Tensor) -> torch.Tensor:

@@ -157,6 +157,19 @@ class ModelSpec:
     "block_causal" when its forward takes ``document_ids`` (models/attention_masks.py); a job
     asking for another is refused at start-up."""
 
+    stage_inputs: frozenset[str] = frozenset()
+    """Keyword inputs the model's forward takes from the step's batch, handed to every
+    pipeline stage (and to the whole model without PP): among "token_ids", "labels" and
+    "document_ids" (models/stage_inputs.py; the document ids come with block-causal attention
+    anyway). Checked at start-up against the forward's keywords."""
+
+    loss_parallel: bool = True
+    """Whether the plan hands the loss vocab-sharded logits under TP when
+    ``parallel_dims.loss_parallel_enabled``. False: it gathers whole logits (e.g. a loss term
+    needs whole rows), and a TP job records loss parallel as off ([parallelism]
+    disable_loss_parallel = true) at start-up; the logits the loss receives are checked either
+    way (distributed/plan_check.py)."""
+
 
 def check_supported_dims(spec: ModelSpec, job_config: JobConfig) -> None:
     """ConfigError if the job asks for a parallel dimension ``spec`` does not declare."""

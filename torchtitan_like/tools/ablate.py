@@ -19,23 +19,23 @@ A sweep is a TOML file (train_configs/ablations/*.toml)::
     name = "+AC full"
     overrides = ["--activation_checkpoint.mode=full"]
 
-Each variant runs as its own torchrun job of ``torchtitan_like.train``, launched by the
-interpreter running the sweep (``python -m torchtitan_like.launch``: no checkout needed, and a
-crash or a hang ends only that variant), with its own dump folder ``{output_folder}/{variant}``,
-where its log (``train.log``) and ``metrics.jsonl`` land. The runner reads every metrics.jsonl
-and writes ``results.csv``, ``results.md`` and ``results.png`` (matplotlib, the ``plot``
-extra) into the output folder. Throughput and MFU are means over the logged steps after the
-first (which carries start-up and compilation); memory is the largest logged peak; a failed
-variant keeps its status and the last meaningful line of its log.
+Each variant is first checked in this process like run_train.sh's preflight (the config, the
+data and ``[job] trainer``, for the variant's world size): a variant that cannot start is
+recorded as failed (exit 2) with its one ``config error`` line, and no torchrun starts. The
+others run as their own torchrun job of ``torchtitan_like.train`` (which runs ``[job]
+trainer`` when set), launched by the interpreter running the sweep (``python -m
+torchtitan_like.launch``: no checkout needed, and a crash or a hang ends only that variant),
+with its own dump folder ``{output_folder}/{variant}``, where its log (``train.log``) and
+``metrics.jsonl`` land. The runner reads every metrics.jsonl and writes ``results.csv``,
+``results.md`` and ``results.png`` (tools/ablate_report.py: the columns; the chart needs
+matplotlib, the ``plot`` extra) into the output folder; a failed variant keeps its status and
+the last meaningful line of its log.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import json
-import math
 import os
 import re
 import signal
@@ -47,8 +47,12 @@ from typing import Any
 
 import torch
 
+from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.manager import build_job_config, tomllib
+from torchtitan_like.tools.ablate_report import Result, read_metrics, write_results
 from torchtitan_like.tools.planner import CPU, predict_peak
+from torchtitan_like.train import trainer_class
+from torchtitan_like.validate import parse_args
 
 LAUNCH_ENV = {"TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1"}
 """What run_train.sh sets for the trainer, set here too unless the caller's environment has it."""
@@ -93,10 +97,14 @@ class Sweep:
         (``[job] overwrite``, components/run_folder.py)."""
         return [sys.executable, "-m", "torchtitan_like.launch", "--standalone",
                 f"--nproc_per_node={self.nproc_of(variant)}", "--max-restarts=0",
-                "--role=rank", "--tee=3",
-                "-m", "torchtitan_like.train", "--job.config_file", str(self.base_config),
-                *self.overrides, f"--training.steps={self.steps}",
-                f"--job.dump_folder={folder}", "--job.overwrite=true", *variant.overrides]
+                "--role=rank", "--tee=3", "-m", "torchtitan_like.train",
+                *self.trainer_args(variant, folder)]
+
+    def trainer_args(self, variant: Variant, folder: Path) -> list[str]:
+        """The trainer's own arguments for one variant (the config and its overrides)."""
+        return ["--job.config_file", str(self.base_config), *self.overrides,
+                f"--training.steps={self.steps}", f"--job.dump_folder={folder}",
+                "--job.overwrite=true", *variant.overrides]
 
     def nproc_of(self, variant: Variant) -> int:
         return variant.nproc or self.nproc
@@ -183,48 +191,6 @@ def load_sweep(path: str | Path) -> Sweep:
 # ---------------------------------------------------------------------------- one variant
 
 
-@dataclasses.dataclass
-class Result:
-    variant: Variant
-    nproc: int
-    status: str
-    """ok, failed (exit N), timeout, or incomplete (fewer steps logged than asked)."""
-    wall_seconds: float
-    records: list[dict[str, Any]]
-    error: str = ""
-    planned_memory_gib: float | None = None
-
-    @property
-    def training(self) -> list[dict[str, Any]]:
-        return [r for r in self.records if "loss" in r]
-
-    def _steady_mean(self, key: str) -> float | None:
-        values = [r[key] for r in self.training[1:] or self.training if r.get(key) is not None]
-        return sum(values) / len(values) if values else None
-
-    @property
-    def tokens_per_second(self) -> float | None:
-        return self._steady_mean("tokens_per_second")
-
-    @property
-    def mfu(self) -> float | None:
-        return self._steady_mean("mfu")
-
-    @property
-    def memory_gib(self) -> float | None:
-        values = [r["memory_gib"] for r in self.training if r.get("memory_gib") is not None]
-        return max(values) if values else None
-
-    @property
-    def final_loss(self) -> float | None:
-        return self.training[-1]["loss"] if self.training else None
-
-    @property
-    def validation_loss(self) -> float | None:
-        values = [r["validation_loss"] for r in self.records if "validation_loss" in r]
-        return values[-1] if values else None
-
-
 # Lines of torchrun's failure report and of tracebacks: never the error line itself.
 _NOISE = re.compile(
     r"torch\.distributed\.elastic|ChildFailedError|Root Cause|^Failures:|NO_OTHER_FAILURES|"
@@ -252,17 +218,15 @@ def error_line(log: str) -> str:
     return meaningful[-1] if meaningful else "(the log is empty)"
 
 
-def read_metrics(folder: Path) -> list[dict[str, Any]]:
-    path = folder / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut short by a crash
-            break
-    return records
+def _launch(command: list[str], env: dict[str, str], log: Any, timeout_s: float) -> int | None:
+    """Run the variant's torchrun to its end: its exit code, or None after ``timeout_s``."""
+    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        return None
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -278,8 +242,19 @@ def _stop(proc: subprocess.Popen) -> None:
             return
 
 
+def preflight(sweep: Sweep, variant: Variant, folder: Path) -> str | None:
+    """The variant's ``config error`` line if it cannot start (torchtitan_like/preflight.py's
+    checks, in this process, for its world size), else None."""
+    try:
+        trainer_class(parse_args(sweep.trainer_args(variant, folder), sweep.nproc_of(variant)))
+    except ConfigError as e:
+        return f"config error: {e}"
+    return None
+
+
 def run_variant(sweep: Sweep, variant: Variant, folder: Path) -> Result:
-    """Train one variant in its own torchrun; its output goes to ``folder/train.log``."""
+    """Train one variant in its own torchrun (after its preflight); its output goes to
+    ``folder/train.log``."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "metrics.jsonl").unlink(missing_ok=True)  # never read a previous run's records
     nproc = sweep.nproc_of(variant)
@@ -288,14 +263,11 @@ def run_variant(sweep: Sweep, variant: Variant, folder: Path) -> Result:
     log_path = folder / "train.log"
     with log_path.open("w") as log:
         log.write(f"$ {' '.join(sweep.command(variant, folder))}\n")
+        refused = preflight(sweep, variant, folder)
+        log.write(f"{refused} (refused before torchrun)\n" if refused else "")
         log.flush()
-        proc = subprocess.Popen(sweep.command(variant, folder), env=env,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=sweep.timeout_s)
-        except subprocess.TimeoutExpired:
-            _stop(proc)
-            rc = None
+        rc = 2 if refused else _launch(sweep.command(variant, folder), env, log,
+                                       sweep.timeout_s)
     wall = time.perf_counter() - start
     records = read_metrics(folder)
     result = Result(variant, nproc, "ok", wall, records,
@@ -306,135 +278,11 @@ def run_variant(sweep: Sweep, variant: Variant, folder: Path) -> Result:
         result.error = f"stopped after {sweep.timeout_s:.0f} s ([sweep] timeout_s)"
     elif rc != 0:
         result.status = f"failed (exit {rc})"
-        result.error = error_line(log_path.read_text(errors="replace"))
+        result.error = refused or error_line(log_path.read_text(errors="replace"))
     elif not steps or steps[-1] != sweep.steps:
         result.status = "incomplete"
         result.error = f"logged {steps[-1] if steps else 0} of {sweep.steps} steps"
     return result
-
-
-# -------------------------------------------------------------------------------- outputs
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else \
-        format(value, spec)
-
-
-def _loss_delta(result: Result, baseline: Result | None) -> float | None:
-    if baseline is None or result.final_loss is None or baseline.final_loss is None:
-        return None
-    return result.final_loss - baseline.final_loss
-
-
-CSV_COLUMNS = ["variant", "status", "nproc", "steps_logged", "tokens_per_second", "mfu_percent",
-               "peak_memory_gib", "planned_memory_gib", "final_loss", "loss_delta",
-               "validation_loss", "wall_seconds", "error", "overrides"]
-
-
-def write_csv(path: Path, results: list[Result], baseline: Result | None) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(CSV_COLUMNS)
-        for r in results:
-            training = r.training
-            writer.writerow([
-                r.variant.name, r.status, r.nproc, training[-1]["step"] if training else 0,
-                _fmt(r.tokens_per_second, ".6g"), _fmt(r.mfu, ".6g"), _fmt(r.memory_gib, ".6g"),
-                _fmt(r.planned_memory_gib, ".6g"), _fmt(r.final_loss, ".6g"),
-                _fmt(_loss_delta(r, baseline), ".6g"),
-                _fmt(r.validation_loss, ".6g"), f"{r.wall_seconds:.1f}", r.error,
-                " ".join(r.variant.overrides),
-            ])
-
-
-def write_markdown(path: Path, sweep: Sweep, results: list[Result], baseline: Result | None,
-                   chart_note: str) -> None:
-    lines = [
-        f"# Ablation: {sweep.base_config.name}, {sweep.steps} steps",
-        "",
-        f"Base config `{sweep.base_config}`; common overrides "
-        f"`{' '.join(sweep.overrides) or '(none)'}`; baseline: **{sweep.baseline_name}**. "
-        "tokens/s is per device (TorchTitan's tps) and with MFU the mean over the logged steps "
-        "after the first; peak memory is the largest logged (CUDA: allocated by tensors; CPU: "
-        "the process's peak RSS, torch's own memory included); planned is the planner's peak "
-        "tensor memory per rank for the variant's config; Δ loss is the final loss minus the "
-        "baseline's.",
-        "",
-        "| variant | procs | status | tokens/s | MFU % | peak memory GiB | planned GiB "
-        "| final loss | Δ loss | wall s |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in results:
-        delta = _loss_delta(r, baseline)
-        lines.append(
-            f"| {r.variant.name} | {r.nproc} | {r.status} | {_fmt(r.tokens_per_second, ',.0f')} "
-            f"| {_fmt(r.mfu, '.2f')} | {_fmt(r.memory_gib, '.3f')} "
-            f"| {_fmt(r.planned_memory_gib, '.3f')} | {_fmt(r.final_loss, '.4f')} "
-            f"| {_fmt(delta, '+.4f')} | {r.wall_seconds:.0f} |"
-        )
-    failed = [r for r in results if r.status != "ok"]
-    if failed:
-        lines += ["", "## Failures", ""]
-        lines += [f"- **{r.variant.name}** ({r.status}): `{r.error}`; log: "
-                  f"`{r.variant.folder_name}/train.log`" for r in failed]
-    lines += ["", "## Variants", ""]
-    lines += [f"- **{r.variant.name}**: `{' '.join(r.variant.overrides) or '(no overrides)'}`"
-              for r in results]
-    lines += ["", chart_note, ""]
-    path.write_text("\n".join(lines))
-
-
-def write_chart(path: Path, results: list[Result], baseline_name: str) -> str:
-    """results.png: throughput, MFU, memory and loss curves; returns a line for results.md."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return ("No chart: matplotlib is not installed (`pip install -e .[plot]`); the table "
-                "above has every figure.")
-    ok = [r for r in results if r.training]
-    names = [r.variant.name for r in ok]
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-    bars = [("tokens/s per device", [r.tokens_per_second or 0 for r in ok]),
-            ("MFU %", [r.mfu or 0 for r in ok]),
-            ("peak memory GiB", [r.memory_gib or 0 for r in ok])]
-    for ax, (title, values) in zip(axes.flat, bars, strict=False):
-        colors = ["tab:orange" if n == baseline_name else "tab:blue" for n in names]
-        ax.barh(names, values, color=colors)
-        ax.set_title(title)
-        ax.invert_yaxis()
-    planned = [(n, r.planned_memory_gib) for n, r in zip(names, ok, strict=True)
-               if r.planned_memory_gib is not None]
-    if planned:
-        axes.flat[2].plot([p for _, p in planned], [n for n, _ in planned], "kx",
-                          label="planned (tensors)")
-        axes.flat[2].legend(fontsize="small")
-    loss_ax = axes.flat[3]
-    for r in ok:
-        loss_ax.plot([x["step"] for x in r.training], [x["loss"] for x in r.training],
-                     label=r.variant.name, marker=".")
-    loss_ax.set_title("training loss")
-    loss_ax.set_xlabel("step")
-    loss_ax.legend(fontsize="small")
-    failed = [r.variant.name for r in results if r.status != "ok"]
-    title = "baseline (orange): " + baseline_name
-    fig.suptitle(title + (f"; not ok: {', '.join(failed)}" if failed else ""))
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return f"![results](results.png)\n\nChart: `{path.name}`."
-
-
-def write_results(sweep: Sweep, results: list[Result], folder: Path) -> None:
-    """results.csv, results.md and results.png (when matplotlib is there) into ``folder``."""
-    baseline = next((r for r in results if r.variant.name == sweep.baseline_name
-                     and r.status == "ok"), None)
-    write_csv(folder / "results.csv", results, baseline)
-    note = write_chart(folder / "results.png", results, sweep.baseline_name)
-    write_markdown(folder / "results.md", sweep, results, baseline, note)
 
 
 # ---------------------------------------------------------------------------------- sweep
@@ -451,7 +299,7 @@ def run_sweep(sweep: Sweep, log=print) -> list[Result]:
     folder.mkdir(parents=True, exist_ok=True)
     results: list[Result] = []
     start = time.perf_counter()
-    n = len(sweep.variants)
+    n, charted = len(sweep.variants), True
     for i, variant in enumerate(sweep.variants, 1):
         elapsed = time.perf_counter() - start
         eta = f"ETA {_clock(elapsed / (i - 1) * (n - i + 1))}" if i > 1 else "ETA ?"
@@ -461,12 +309,15 @@ def run_sweep(sweep: Sweep, log=print) -> list[Result]:
         results.append(result)
         if result.status == "ok":
             log(f"[{i}/{n}] {variant.name}: ok in {result.wall_seconds:.0f} s, "
-                f"{_fmt(result.tokens_per_second, ',.0f')} tokens/s, "
-                f"final loss {_fmt(result.final_loss, '.4f')}")
+                f"{result.tokens_per_second or 0:,.0f} tokens/s, "
+                f"final loss {result.final_loss:.4f}")
         else:
             log(f"[{i}/{n}] {variant.name}: {result.status.upper()}: {result.error}")
-        write_results(sweep, results, folder)  # a sweep cut short still leaves its table
+        charted = write_results(sweep, results, folder)  # a sweep cut short keeps its table
     log(f"done in {_clock(time.perf_counter() - start)}: {folder / 'results.md'}")
+    if not charted:
+        log("no chart: matplotlib is missing; install the plot extra "
+            "(pip install 'torchtitan_like[plot]') for results.png")
     return results
 
 

@@ -78,7 +78,8 @@ class CheckpointManager:
     The trainer calls ``load()`` once after building everything, ``save(step, last)`` at the end
     of every step, ``close()`` after the loop, and ``create_seed()`` for
     ``create_seed_checkpoint``. ``train_state`` is the trainer (its ``state_dict`` holds step and
-    tokens seen).
+    tokens seen). ``tied_aliases`` maps the further names of weights tied across pipeline
+    stages to their first (distributed/tied_weights.py): each is stored once, under that name.
     """
 
     def __init__(
@@ -94,6 +95,7 @@ class CheckpointManager:
         device: torch.device,
         faults: FaultInjector,
         hf_adapter: HFAdapter | None = None,
+        tied_aliases: dict[str, str] | None = None,
     ):
         self.config = config
         self.c = config.checkpoint
@@ -103,10 +105,11 @@ class CheckpointManager:
         self.faults = faults
         self.hf_adapter = hf_adapter
         self.model_parts = model_parts
+        self.tied_aliases = tied_aliases or {}
         self.train_state = TrainState(train_state, self.rank, device)
         self.states: dict[str, Any] = {
-            "model": ModelState(model_parts),
-            "optimizer": OptimizerState(model_parts, optimizers),
+            "model": ModelState(model_parts, aliases=self.tied_aliases),
+            "optimizer": OptimizerState(model_parts, optimizers, self.tied_aliases),
             "lr_scheduler": lr_scheduler_state(lr_schedulers),
             "dataloader": JSONState(dataloader.state_dict, dataloader.load_state_dict),
             "train_state": self.train_state,
@@ -296,7 +299,7 @@ class CheckpointManager:
         start = time.perf_counter()
         if last and self.c.last_save_model_only:
             dtype = self.c.export_dtype
-            states = {"model": ModelState(self.model_parts, DTYPES[dtype])}
+            states = {"model": ModelState(self.model_parts, DTYPES[dtype], self.tied_aliases)}
         else:
             dtype, states = self.config.training.dtype, dict(self.states)
             if self.rank != 0:  # the stream position is every rank's: rank 0 writes it

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -21,15 +21,46 @@ from torchtitan_like.components.lr_scheduler import LRSchedulersContainer
 from torchtitan_like.components.optimizer import OptimizersContainer
 
 
-class ModelState:
-    """The model parts as one state dict of plain-model FQNs (optionally cast on save)."""
+def _to_first_names(state: dict[str, Any], aliases: Mapping[str, str]) -> dict[str, Any]:
+    """Keys naming a tied weight's further names renamed to its first (a stage's copy saves
+    and loads under that name; where one part holds both names they are one tensor)."""
+    return {_first_name(key, aliases): value for key, value in state.items()}
 
-    def __init__(self, parts: list[nn.Module], dtype: torch.dtype | None = None):
+
+def _first_name(key: str, aliases: Mapping[str, str]) -> str:
+    """``key`` with a further name of a tied weight replaced by its first: the key itself, or
+    inside a flattened optimizer key (``state.<fqn>.<field>``, ``param_groups.<fqn>.<field>``)."""
+    if key in aliases:
+        return aliases[key]
+    section, _, rest = key.partition(".")
+    for alias, first in aliases.items():
+        if rest.startswith(alias + "."):
+            return f"{section}.{first}{rest[len(alias):]}"
+    return key
+
+
+def _with_further_names(state: dict[str, Any], part_keys: list[str],
+                        aliases: Mapping[str, str]) -> dict[str, Any]:
+    """``state`` (first names) plus the entries a part names by further names."""
+    extra = {key: state[_first_name(key, aliases)] for key in part_keys
+             if key not in state and _first_name(key, aliases) in state}
+    return {**state, **extra}
+
+
+class ModelState:
+    """The model parts as one state dict of plain-model FQNs (optionally cast on save); a
+    weight tied across pipeline stages appears once, under its first name (``aliases``:
+    further name -> first, distributed/tied_weights.py)."""
+
+    def __init__(self, parts: list[nn.Module], dtype: torch.dtype | None = None,
+                 aliases: Mapping[str, str] | None = None):
         self.parts = parts
         self.dtype = dtype
+        self.aliases = dict(aliases or {})
 
     def state_dict(self) -> dict[str, Any]:
-        merged = {k: v for part in self.parts for k, v in get_model_state_dict(part).items()}
+        merged = _to_first_names({k: v for part in self.parts
+                                  for k, v in get_model_state_dict(part).items()}, self.aliases)
         if self.dtype is not None:
             merged = {k: v.to(self.dtype) for k, v in merged.items()}
         return merged
@@ -37,24 +68,31 @@ class ModelState:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # Each part takes its own keys (a pipeline stage has only its modules).
         for part in self.parts:
-            set_model_state_dict(part, state_dict, options=StateDictOptions(strict=False))
+            own = _with_further_names(state_dict, list(get_model_state_dict(part)), self.aliases)
+            set_model_state_dict(part, own, options=StateDictOptions(strict=False))
 
 
 class OptimizerState:
-    """One flattened optimizer state dict over all parts: keys name parameters by FQN."""
+    """One flattened optimizer state dict over all parts: keys name parameters by FQN (a
+    tied weight's copies by its first name, as in ``ModelState``)."""
 
     _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
-    def __init__(self, parts: list[nn.Module], optimizers: OptimizersContainer):
+    def __init__(self, parts: list[nn.Module], optimizers: OptimizersContainer,
+                 aliases: Mapping[str, str] | None = None):
         self.pairs = list(zip(parts, optimizers.optimizers, strict=True))
+        self.aliases = dict(aliases or {})
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: v for part, opt in self.pairs
-                for k, v in get_optimizer_state_dict(part, opt, options=self._OPTIONS).items()}
+        return _to_first_names({k: v for part, opt in self.pairs for k, v in
+                                get_optimizer_state_dict(part, opt, options=self._OPTIONS).items()},
+                               self.aliases)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         for part, opt in self.pairs:
-            set_optimizer_state_dict(part, opt, state_dict, options=self._OPTIONS)
+            keys = list(get_optimizer_state_dict(part, opt, options=self._OPTIONS))
+            own = _with_further_names(state_dict, keys, self.aliases)
+            set_optimizer_state_dict(part, opt, own, options=self._OPTIONS)
 
 
 class JSONState:
