@@ -4,14 +4,14 @@ metrics.jsonl, is in tests/e2e/test_fault_tolerance.py)."""
 
 import pytest
 
-from torchtitan_like.components.stragglers import StepClock
+from torchtitan_like.components.stragglers import RECORD_KEYS, StepClock
 
 
 def test_the_slowest_rank_is_named_and_warned_about(caplog):
     caplog.set_level("WARNING", logger="torchtitan_like")
     clock = StepClock(world_size=3, threshold=0.2)
     stats = clock.summarise([[0.01, 0.10], [0.31, 0.10], [0.02, 0.11]])
-    assert stats["slowest_rank"] == 1
+    assert stats["slowest_rank"] == 1 and set(stats) == RECORD_KEYS  # ttl-ablate's exclusions
     assert stats["data_seconds_max"] == 0.31 and stats["compute_seconds_min"] == 0.10
     assert stats["slowest_rank_excess"] == pytest.approx(0.41 / 0.12 - 1)  # others: .11, .13
     assert "straggler: rank 1 takes 0.410 s a step" in caplog.text

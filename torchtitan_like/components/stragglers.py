@@ -43,6 +43,10 @@ import torch.distributed as dist
 from torchtitan_like.logging import logger
 
 PHASES = ("data", "compute")
+RECORD_KEYS = frozenset({f"{phase}_seconds_{stat}" for phase in PHASES
+                         for stat in ("min", "median", "max")}
+                        | {"slowest_rank", "slowest_rank_excess"})
+"""The fields ``window_stats`` adds to a logged step's record."""
 
 
 class StepClock:

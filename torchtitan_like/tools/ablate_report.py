@@ -18,15 +18,17 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchtitan_like.components import stragglers
+
 if TYPE_CHECKING:
     from torchtitan_like.tools.ablate import Sweep, Variant
 
-TRAINER_KEYS = frozenset({
+TRAINER_KEYS = stragglers.RECORD_KEYS | frozenset({
     "step", "loss", "grad_norm", "lr", "epoch", "tokens_seen", "resumed",  # the loop's
     "tokens_per_second", "tokens_per_second_total", "tflops", "mfu", "mfu_peak_tflops",
     "memory_gib", "data_loading_percent", "checkpoint_seconds", "validation_seconds",
     "elapsed_seconds", "eta_seconds",  # components/metrics.py and progress.py
-})
+})  # and each rank's step times (components/stragglers.py)
 """Keys of a training record that are the trainer's own; the others are the model's."""
 TRAINER_PREFIXES = ("data_tokens/", "data_share/")
 """The data mixture's per-source keys (components/data/tokenized.py)."""
