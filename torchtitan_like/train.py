@@ -34,7 +34,6 @@ from torchtitan_like.components.hf_export import export_last_save
 from torchtitan_like.components.loss import count_labelled_tokens, cross_entropy_sum
 from torchtitan_like.components.lr_scheduler import LRSchedulersContainer
 from torchtitan_like.components.metrics import MetricsLogger, peak_tflops
-from torchtitan_like.components.model_hooks import StepHooks, attach_step_hooks
 from torchtitan_like.components.optimizer import OptimizersContainer
 from torchtitan_like.components.profiling import Profiler
 from torchtitan_like.components.run_folder import DumpFolderInUse
@@ -55,6 +54,7 @@ from torchtitan_like.exit_codes import ExitCode
 from torchtitan_like.logging import init_logger, logger
 from torchtitan_like.models import stage_inputs
 from torchtitan_like.models.registry import ModelSpec, model_spec_and_args
+from torchtitan_like.protocols.step_hooks import StepHooks, attach_step_hooks
 from torchtitan_like.validate import grad_accumulation_steps, parse_args
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -74,7 +74,7 @@ class Trainer:
     - ``forward_backward(inputs, labels, global_tokens)``: forward and backward of one
       microbatch (one schedule step under PP), returning its share of the step's loss;
     - ``train_step(microbatches)``: a whole optimizer step.
-    Model-side loss terms and metrics need no override: components/model_hooks.py.
+    Model-side loss terms and metrics need no override: protocols/step_hooks.py.
     """
 
     def __init__(self, config: JobConfig, device: torch.device):

@@ -1,5 +1,5 @@
 """A test model for ``[job] custom_import``: the tiny Llama whose blocks add a z-loss-like term
-on their output through the loss hook and report metrics (components/model_hooks.py),
+on their output through the loss hook and report metrics (protocols/step_hooks.py),
 registered as ``[model] name = "llama3_zloss"``.
 
 Each block adds ``Z_COEF * sum_t logsumexp(h_t)^2`` over its output's tokens, records the

@@ -263,7 +263,7 @@ class _Stage(PipelineStage):
 
     ``forward_context`` marks the forwards of real microbatches: the stage's first step also
     runs a metadata-inference forward on uninitialised tensors, which the model's metric hooks
-    (components/model_hooks.py) must not record.
+    (protocols/step_hooks.py) must not record.
     """
 
     forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext

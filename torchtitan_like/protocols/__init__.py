@@ -1,0 +1,6 @@
+"""The package's contracts: what a model, its HuggingFace adapter and the trainer agree on.
+
+This layer sits just above ``config/`` and below ``distributed/``, ``models/`` and
+``components/`` (docs/design.md, "Layers"); it imports nothing of the package but ``config/``.
+``step_hooks.py``: the loss terms and metrics a model module reports for a step.
+"""
