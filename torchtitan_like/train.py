@@ -53,7 +53,8 @@ from torchtitan_like.distributed.tied_weights import TiedWeights, tied_aliases
 from torchtitan_like.exit_codes import ExitCode
 from torchtitan_like.logging import init_logger, logger
 from torchtitan_like.models import stage_inputs
-from torchtitan_like.models.registry import ModelSpec, model_spec_and_args
+from torchtitan_like.models.registry import model_spec_and_args
+from torchtitan_like.protocols.model_spec import ModelSpec
 from torchtitan_like.protocols.step_hooks import StepHooks, attach_step_hooks
 from torchtitan_like.validate import grad_accumulation_steps, parse_args
 

@@ -16,7 +16,8 @@ from torch import nn
 from torchtitan_like.models.llama3 import Llama3Args, llama3_flavors, parallelize_llama
 from torchtitan_like.models.llama3.model import Transformer, TransformerBlock
 from torchtitan_like.models.llama3.pipeline import pipeline_llama
-from torchtitan_like.models.registry import ModelSpec, register_model
+from torchtitan_like.models.registry import register_model
+from torchtitan_like.protocols.model_spec import ModelSpec
 
 Z_COEF = 1e-2
 

@@ -79,7 +79,7 @@ from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.utils import device_type
 
 if TYPE_CHECKING:
-    from torchtitan_like.models.registry import ModelSpec
+    from torchtitan_like.protocols.model_spec import ModelSpec
 
 CPContext = Callable[[torch.Tensor, torch.Tensor], contextlib.AbstractContextManager]
 """Given a microbatch's (inputs, labels): the context its forward and backward run in."""

@@ -70,7 +70,7 @@ from torchtitan_like.distributed import layout_rules
 from torchtitan_like.logging import logger
 
 if typing.TYPE_CHECKING:
-    from torchtitan_like.models.registry import PipeliningFn
+    from torchtitan_like.protocols.model_spec import PipeliningFn
 
 SPLIT_BACKWARD = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 """Schedules splitting each backward into an input-gradient and a weight-gradient pass, i.e.

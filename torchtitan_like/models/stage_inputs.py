@@ -31,7 +31,7 @@ from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.models.attention_masks import document_ids
 
 if TYPE_CHECKING:
-    from torchtitan_like.models.registry import ModelSpec
+    from torchtitan_like.protocols.model_spec import ModelSpec
 
 STAGE_INPUTS = ("token_ids", "labels", "document_ids")
 """Every keyword input the trainer can hand a model's stages (module docstring)."""

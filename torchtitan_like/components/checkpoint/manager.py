@@ -48,7 +48,7 @@ from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.utils import DTYPES
 from torchtitan_like.logging import logger
-from torchtitan_like.models.registry import HFAdapter
+from torchtitan_like.protocols.hf_adapter import HFAdapter
 
 STATES = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state")
 _EXCLUDE_HINT = "--checkpoint.exclude_from_loading"
