@@ -31,7 +31,6 @@ from torchtitan_like.components.data.tokenized import report_mixture
 from torchtitan_like.components.data.tokenizer import build_tokenizer
 from torchtitan_like.components.fault_injection import FaultInjector
 from torchtitan_like.components.hf_export import export_last_save
-from torchtitan_like.components.loss import count_labelled_tokens, cross_entropy_sum
 from torchtitan_like.components.lr_scheduler import LRSchedulersContainer
 from torchtitan_like.components.metrics import MetricsLogger, peak_tflops
 from torchtitan_like.components.optimizer import OptimizersContainer
@@ -54,6 +53,7 @@ from torchtitan_like.exit_codes import ExitCode
 from torchtitan_like.logging import init_logger, logger
 from torchtitan_like.models import stage_inputs
 from torchtitan_like.models.registry import model_spec_and_args
+from torchtitan_like.protocols.loss import count_labelled_tokens, cross_entropy_sum
 from torchtitan_like.protocols.model_spec import ModelSpec
 from torchtitan_like.protocols.step_hooks import StepHooks, attach_step_hooks
 from torchtitan_like.validate import grad_accumulation_steps, parse_args

@@ -33,11 +33,11 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from torchtitan_like.components.loss import IGNORE_INDEX, cross_entropy_sum
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed.pipeline import module_fqns_per_stage, prune_to_stage
 from torchtitan_like.distributed.plan_toolkit import apply_block_tail, attention_plan, swiglu_plan
 from torchtitan_like.models import BaseModelArgs, ModelSpec, register_model
+from torchtitan_like.protocols.loss import IGNORE_INDEX, cross_entropy_sum
 
 
 @dataclasses.dataclass

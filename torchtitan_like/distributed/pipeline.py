@@ -42,7 +42,7 @@ Stages are the plain model with the other stages' modules removed (``prune_to_st
 names and therefore parameter names (FQNs) stay those of the unsplit model, which checkpoints and
 the layout-independent weight init rely on. Each stage then goes through the model's
 parallelize plan like an unsplit model. The loss is the global-token normalised sum
-(components/loss.py) computed on the last stage per microbatch, so the schedule's summed
+(protocols/loss.py) computed on the last stage per microbatch, so the schedule's summed
 microbatch losses are already the step's loss share and gradients are not rescaled
 (``scale_grads=False``).
 """

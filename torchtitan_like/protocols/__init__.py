@@ -2,7 +2,8 @@
 
 This layer sits just above ``config/`` and below ``distributed/``, ``models/`` and
 ``components/`` (docs/design.md, "Layers"); it imports nothing of the package but ``config/``.
-``step_hooks.py``: the loss terms and metrics a model module reports for a step;
+``loss.py``: the summed cross-entropy a step's loss is made of and the label that is not
+trained on; ``step_hooks.py``: the loss terms and metrics a model module reports for a step;
 ``model_args.py``: ``BaseModelArgs``, a model family's hyper-parameters; ``hf_adapter.py``:
 ``HFAdapter``, the mapping to and from HuggingFace; ``model_spec.py``: ``ModelSpec``, everything
 model-specific the trainer needs (models/registry.py registers and finds them).
