@@ -30,7 +30,8 @@ import torch.distributed as dist
 
 from torchtitan_like.components.memory import TOTAL, measure_train_step
 from torchtitan_like.components.metrics import peak_tflops
-from torchtitan_like.distributed.utils import DTYPES, init_distributed
+from torchtitan_like.config.dtypes import DTYPES
+from torchtitan_like.distributed.utils import init_distributed
 from torchtitan_like.logging import init_logger
 from torchtitan_like.train import Trainer
 from torchtitan_like.validate import parse_args

@@ -40,6 +40,7 @@ from torchtitan_like.components.run_summary import describe_run
 from torchtitan_like.components.spikes import SpikeDetector, TrainingDiverged
 from torchtitan_like.components.stragglers import StepClock
 from torchtitan_like.components.trackers import build_trackers
+from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.config.manager import did_you_mean, import_user_module, to_toml
@@ -125,7 +126,7 @@ class Trainer:
         spec, self.model_args = model_spec_and_args(config)
         self.stage_inputs = stage_inputs.required_inputs(spec, config.model.attn_mask_type)
         with torch.device("meta"):
-            model = spec.model_cls(self.model_args).to(dist_utils.DTYPES[training.dtype])
+            model = spec.model_cls(self.model_args).to(DTYPES[training.dtype])
         self.converters = build_converters(config, self.parallel_dims, device.type)
         self.converters.convert(model)
         aliases = tied_aliases(model)  # a weight shared by modules that stages may split
@@ -191,7 +192,7 @@ class Trainer:
     def _build_metrics_and_contexts(self, config: JobConfig, spec: ModelSpec) -> None:
         # 10. Metrics (a resumed run continues its metrics.jsonl), autocast, CP, profiler.
         device, training = self.device, config.training
-        compute_dtype = dist_utils.DTYPES[training.mixed_precision_param]
+        compute_dtype = DTYPES[training.mixed_precision_param]
         self.metrics = MetricsLogger(
             dump_folder=config.job.dump_folder,
             writer=dist.get_rank() == 0,
