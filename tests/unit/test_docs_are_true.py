@@ -177,3 +177,28 @@ def test_the_parsers_find_what_they_look_for():
             ("module", "torchtitan_like.train")} <= _commands(readme)
     assert "debug_model.toml" in _bare_names(readme)
     assert ("training", "steps") in _config_keys(readme)
+
+
+DIMENSIONS = ("converters", "PP", "TP", "loss parallel", "EP", "AC", "compile", "FSDP", "CP")
+
+
+def _dimension_table() -> str:
+    text = (ROOT / "docs/design.md").read_text()
+    return text.split("## Where each dimension is applied", 1)[1].split("\n## ", 1)[0]
+
+
+def test_design_dimension_table_names_real_functions():
+    """Every ``file.py: name`` of docs/design.md's dimension table imports, and every parallel
+    dimension has a row."""
+    table = _dimension_table()
+    cells = [line.split("|")[2].strip() for line in table.splitlines()
+             if line.startswith("| ") and "---" not in line]
+    missing = [dim for dim in DIMENSIONS if not any(cell.startswith(dim) for cell in cells)]
+    assert not missing, f"dimensions without a row: {missing}"
+    named = re.findall(r"`([\w/]+)\.py: ([\w.]+)`", table)
+    assert len(named) >= len(DIMENSIONS)
+    for path, name in named:
+        target: object = importlib.import_module("torchtitan_like." + path.replace("/", "."))
+        for part in name.split("."):
+            target = getattr(target, part)
+        assert callable(target), f"{path}.py: {name}"
