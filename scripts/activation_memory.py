@@ -19,12 +19,12 @@ import sys
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from torchtitan_like.components.loss import cross_entropy_sum
 from torchtitan_like.components.memory import korthikanti_activation_bytes, measure_step_memory
+from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.config.job_config import ActivationCheckpoint
 from torchtitan_like.distributed.activation_checkpoint import apply_ac
-from torchtitan_like.distributed.utils import DTYPES
 from torchtitan_like.models.registry import model_spec_and_args
+from torchtitan_like.protocols.loss import cross_entropy_sum
 from torchtitan_like.validate import parse_args
 
 MiB = 2**20

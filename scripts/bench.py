@@ -9,7 +9,7 @@ own space-separated overrides); throughput and MFU are the Trainer's own metrics
 the steps after the warm-up (compilation happens there). Peak memory: on CUDA
 ``torch.cuda.max_memory_allocated`` over the run, the largest over ranks; on CPU, where the
 allocator keeps no statistics, one more training step measured with MemTracker
-(components/memory.py), i.e. parameters, gradients, optimizer states, activations and
+(tools/memory.py), i.e. parameters, gradients, optimizer states, activations and
 backward scratch at the step's peak; MemTracker is a dispatch mode, which compiled code does
 not run under, so compiled variants have no CPU memory figure. Without ``--variant``: eager,
 full and op-level activation checkpointing, compile, compile + float8.
@@ -28,10 +28,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from torchtitan_like.components.memory import TOTAL, measure_train_step
+from torchtitan_like.components.memory import TOTAL
 from torchtitan_like.components.metrics import peak_tflops
-from torchtitan_like.distributed.utils import DTYPES, init_distributed
+from torchtitan_like.config.dtypes import DTYPES
+from torchtitan_like.distributed.utils import init_distributed
 from torchtitan_like.logging import init_logger
+from torchtitan_like.tools.memory import measure_train_step
 from torchtitan_like.train import Trainer
 from torchtitan_like.validate import parse_args
 

@@ -22,12 +22,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from torchtitan_like.components.loss import cross_entropy_sum
 from torchtitan_like.components.memory import measure_step_memory
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.distributed import context_parallel
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.models.registry import get_model_args, get_model_spec
+from torchtitan_like.protocols.loss import cross_entropy_sum
 
 MiB = 2**20
 

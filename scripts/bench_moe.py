@@ -65,7 +65,7 @@ def worker(spec_file: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from torchtitan_like.components.memory import measure_train_step
+    from torchtitan_like.tools.memory import measure_train_step
 
     for name, trainer, batches, spec in worker_cases(spec_file):
         wall = min(t for t, _ in timed_steps(trainer, batches, steps=spec["steps"],

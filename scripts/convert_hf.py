@@ -31,8 +31,8 @@ from torchtitan_like.components.hf_checkpoint import (
     save_hf,
 )
 from torchtitan_like.components.hf_export import add_generation_files
+from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.config.manager import ConfigError, import_custom_modules
-from torchtitan_like.distributed.utils import DTYPES
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,10 +31,8 @@ from torchtitan_like.components.data.tokenized import report_mixture
 from torchtitan_like.components.data.tokenizer import build_tokenizer
 from torchtitan_like.components.fault_injection import FaultInjector
 from torchtitan_like.components.hf_export import export_last_save
-from torchtitan_like.components.loss import count_labelled_tokens, cross_entropy_sum
 from torchtitan_like.components.lr_scheduler import LRSchedulersContainer
 from torchtitan_like.components.metrics import MetricsLogger, peak_tflops
-from torchtitan_like.components.model_hooks import StepHooks, attach_step_hooks
 from torchtitan_like.components.optimizer import OptimizersContainer
 from torchtitan_like.components.profiling import Profiler
 from torchtitan_like.components.run_folder import DumpFolderInUse
@@ -42,6 +40,7 @@ from torchtitan_like.components.run_summary import describe_run
 from torchtitan_like.components.spikes import SpikeDetector, TrainingDiverged
 from torchtitan_like.components.stragglers import StepClock
 from torchtitan_like.components.trackers import build_trackers
+from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.config.manager import did_you_mean, import_user_module, to_toml
@@ -54,7 +53,10 @@ from torchtitan_like.distributed.tied_weights import TiedWeights, tied_aliases
 from torchtitan_like.exit_codes import ExitCode
 from torchtitan_like.logging import init_logger, logger
 from torchtitan_like.models import stage_inputs
-from torchtitan_like.models.registry import ModelSpec, model_spec_and_args
+from torchtitan_like.models.registry import model_spec_and_args
+from torchtitan_like.protocols.loss import count_labelled_tokens, cross_entropy_sum
+from torchtitan_like.protocols.model_spec import ModelSpec
+from torchtitan_like.protocols.step_hooks import StepHooks, attach_step_hooks
 from torchtitan_like.validate import grad_accumulation_steps, parse_args
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -74,7 +76,7 @@ class Trainer:
     - ``forward_backward(inputs, labels, global_tokens)``: forward and backward of one
       microbatch (one schedule step under PP), returning its share of the step's loss;
     - ``train_step(microbatches)``: a whole optimizer step.
-    Model-side loss terms and metrics need no override: components/model_hooks.py.
+    Model-side loss terms and metrics need no override: protocols/step_hooks.py.
     """
 
     def __init__(self, config: JobConfig, device: torch.device):
@@ -124,7 +126,7 @@ class Trainer:
         spec, self.model_args = model_spec_and_args(config)
         self.stage_inputs = stage_inputs.required_inputs(spec, config.model.attn_mask_type)
         with torch.device("meta"):
-            model = spec.model_cls(self.model_args).to(dist_utils.DTYPES[training.dtype])
+            model = spec.model_cls(self.model_args).to(DTYPES[training.dtype])
         self.converters = build_converters(config, self.parallel_dims, device.type)
         self.converters.convert(model)
         aliases = tied_aliases(model)  # a weight shared by modules that stages may split
@@ -190,7 +192,7 @@ class Trainer:
     def _build_metrics_and_contexts(self, config: JobConfig, spec: ModelSpec) -> None:
         # 10. Metrics (a resumed run continues its metrics.jsonl), autocast, CP, profiler.
         device, training = self.device, config.training
-        compute_dtype = dist_utils.DTYPES[training.mixed_precision_param]
+        compute_dtype = DTYPES[training.mixed_precision_param]
         self.metrics = MetricsLogger(
             dump_folder=config.job.dump_folder,
             writer=dist.get_rank() == 0,

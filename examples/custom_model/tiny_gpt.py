@@ -2,7 +2,7 @@
 LayerNorm, GELU MLP), registered as ``tiny_gpt`` when [job] custom_import names this file.
 
 It uses the extension points of docs/extending.md: a z-loss on the logits through the loss
-hook and the largest logit log-sum-exp as a metric (components/model_hooks.py), a coefficient
+hook and the largest logit log-sum-exp as a metric (protocols/step_hooks.py), a coefficient
 that ``[model] overrides = { z_loss_coef = 1e-3 }`` sets, a tensor-parallel plan from the plan
 toolkit's attention and feed-forward styles and its shared tail (distributed/plan_toolkit.py),
 and a pipeline split; ModelSpec.supported_dims says TP and PP are the parallel dimensions
@@ -33,11 +33,11 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from torchtitan_like.components.loss import IGNORE_INDEX, cross_entropy_sum
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed.pipeline import module_fqns_per_stage, prune_to_stage
 from torchtitan_like.distributed.plan_toolkit import apply_block_tail, attention_plan, swiglu_plan
 from torchtitan_like.models import BaseModelArgs, ModelSpec, register_model
+from torchtitan_like.protocols.loss import IGNORE_INDEX, cross_entropy_sum
 
 
 @dataclasses.dataclass
@@ -143,7 +143,7 @@ class TinyGPT(nn.Module):
         self.mtp = nn.ModuleDict({str(k): MTPModule(args, self.tok_emb)
                                   for k in range(args.mtp_depth)})
         self.z_loss_coef, self.mtp_loss_coef = args.z_loss_coef, args.mtp_loss_coef
-        self.step_hooks = None  # given by the trainer (components/model_hooks.py)
+        self.step_hooks = None  # given by the trainer (protocols/step_hooks.py)
 
     def forward(self, x: torch.Tensor, *, token_ids: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None) -> torch.Tensor:

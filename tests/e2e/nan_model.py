@@ -3,7 +3,8 @@
 import dataclasses
 
 from torchtitan_like.models.llama3 import Transformer, llama3_flavors, parallelize_llama
-from torchtitan_like.models.registry import ModelSpec, register_model
+from torchtitan_like.models.registry import register_model
+from torchtitan_like.protocols.model_spec import ModelSpec
 
 
 class NaNAtThirdStep(Transformer):

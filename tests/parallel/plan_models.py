@@ -18,7 +18,8 @@ from torchtitan_like.distributed.plan_toolkit import NoParallel
 from torchtitan_like.models.llama3 import Llama3Args, llama3_flavors, parallelize_llama
 from torchtitan_like.models.llama3.model import FeedForward, Transformer
 from torchtitan_like.models.llama3.pipeline import pipeline_llama
-from torchtitan_like.models.registry import ModelSpec, register_model
+from torchtitan_like.models.registry import register_model
+from torchtitan_like.protocols.model_spec import ModelSpec
 
 TINY = {"tiny": dataclasses.replace(llama3_flavors["tiny"])}
 

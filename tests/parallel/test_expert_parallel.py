@@ -60,7 +60,7 @@ order than the one-process kernel: class (b) again, FP32_PARITY_TOL.
 
 The sequence-wise auxiliary loss under TP 2 (``tp2_aux``): every TP rank computes the whole
 term from the replicated router inside the MoE's local TP region and adds 1/2 of its gradient,
-the region's collectives sum the two halves (components/model_hooks.py,
+the region's collectives sum the two halves (protocols/step_hooks.py,
 ``share_loss_gradients``: exact scaling, class (b) for the sums); the logged aux term is not
 summed over TP, so it is the one-process value. Under CP 2 (``cp2_aux``) each rank adds the
 share of its chunk's tokens, with every sequence's expert counts summed over the two CP ranks

@@ -1,4 +1,4 @@
-"""A model's own loss term and metrics (components/model_hooks.py) are layout-independent.
+"""A model's own loss term and metrics (protocols/step_hooks.py) are layout-independent.
 
 The tiny Llama of zloss_llama.py adds a z-loss-like term on every block's output through the
 loss hook and records metrics (sum, max, mean, and a derived one that under PP only the last

@@ -10,7 +10,8 @@ from torchtitan_like.models.llama3 import (
     llama3_flavors,
     parallelize_llama,
 )
-from torchtitan_like.models.registry import ModelSpec, register_model
+from torchtitan_like.models.registry import register_model
+from torchtitan_like.protocols.model_spec import ModelSpec
 
 TIED: dict[str, Llama3Args] = {
     "tiny": dataclasses.replace(llama3_flavors["tiny"], tie_word_embeddings=True)

@@ -1,5 +1,5 @@
 """A test model for ``[job] custom_import``: the tiny Llama whose blocks add a z-loss-like term
-on their output through the loss hook and report metrics (components/model_hooks.py),
+on their output through the loss hook and report metrics (protocols/step_hooks.py),
 registered as ``[model] name = "llama3_zloss"``.
 
 Each block adds ``Z_COEF * sum_t logsumexp(h_t)^2`` over its output's tokens, records the
@@ -16,7 +16,8 @@ from torch import nn
 from torchtitan_like.models.llama3 import Llama3Args, llama3_flavors, parallelize_llama
 from torchtitan_like.models.llama3.model import Transformer, TransformerBlock
 from torchtitan_like.models.llama3.pipeline import pipeline_llama
-from torchtitan_like.models.registry import ModelSpec, register_model
+from torchtitan_like.models.registry import register_model
+from torchtitan_like.protocols.model_spec import ModelSpec
 
 Z_COEF = 1e-2
 

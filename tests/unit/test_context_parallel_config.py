@@ -10,6 +10,7 @@ from torchtitan_like.distributed import context_parallel, cp_cpu_sdpa
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.models import registry
 from torchtitan_like.models.llama3 import Llama3Args, Transformer, llama3_flavors, parallelize_llama
+from torchtitan_like.protocols.model_spec import ModelSpec
 from torchtitan_like.validate import parse_args
 
 TINY = ["--model.flavor", "tiny", "--training.seq_len", "64"]
@@ -60,7 +61,7 @@ def test_seq_len_must_split_over_cp_then_tp():
 def test_model_without_cp_support_is_refused(monkeypatch):
     """A model whose ModelSpec declares no sequence buffers (e.g. learned positions indexed by
     local token numbers) would train silently wrong under CP."""
-    spec = registry.ModelSpec(name="no_cp", model_cls=Transformer, flavors=llama3_flavors,
+    spec = ModelSpec(name="no_cp", model_cls=Transformer, flavors=llama3_flavors,
                               parallelize_fn=parallelize_llama)
     monkeypatch.setitem(registry._REGISTRY, "no_cp", spec)
     with pytest.raises(ConfigError, match=r"no_cp cannot run under .*context_parallel_degree = 2"

@@ -7,14 +7,14 @@ import dataclasses
 import pytest
 import torch
 
-from torchtitan_like.components.loss import cross_entropy_sum
-from torchtitan_like.components.model_hooks import StepHooks, attach_step_hooks
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.models.deepseek_v3 import (
     DeepSeekV3HFAdapter,
     DeepSeekV3Model,
     deepseek_v3_flavors,
 )
+from torchtitan_like.protocols.loss import cross_entropy_sum
+from torchtitan_like.protocols.step_hooks import StepHooks, attach_step_hooks
 from torchtitan_like.validate import parse_args
 
 MTP = dataclasses.replace(deepseek_v3_flavors["debugmodel"], mtp_depth=1, max_seq_len=32)

@@ -1,5 +1,6 @@
-"""What the README, the migration guide and the TorchTitan hints name exists: every path and
-file, every ``[section] key`` and ``--section.key``, and every command answers ``--help``.
+"""What the README (and the pages it was split into), the migration guide and the TorchTitan
+hints name exists: every path and file, every ``[section] key`` and ``--section.key``, and
+every command answers ``--help``.
 
 The texts are parsed, not a list kept beside them: a path is a token under one of the
 checkout's top-level folders (or a relative markdown link), a bare file name (``tiny_gpt.py``)
@@ -24,7 +25,8 @@ from harness import ROOT, env
 from torchtitan_like.config import torchtitan_keys
 from torchtitan_like.config.manager import help_text, sections, tomllib
 
-DOCS = ["README.md", "docs/migrating-from-torchtitan.md"]
+DOCS = ["README.md", "docs/migrating-from-torchtitan.md", "docs/running.md", "docs/models.md",
+        "docs/code-map.md", "docs/proven-layouts.md"]
 HINTS = "\n".join([*torchtitan_keys.RENAMED.values(), *torchtitan_keys.UNSUPPORTED.values(),
                    *torchtitan_keys._VALUES.values()])
 TOP_LEVEL = sorted({p.split("/")[0] for p in subprocess.run(
@@ -100,7 +102,8 @@ def test_every_path_and_file_named_exists(doc):
     assert not missing, f"{doc} names what does not exist: {missing}"
 
 
-@pytest.mark.parametrize("doc", ["README.md", "the TorchTitan hints"])
+@pytest.mark.parametrize("doc", ["README.md", "docs/running.md", "docs/models.md",
+                                 "the TorchTitan hints"])
 def test_every_config_key_named_exists(doc):
     known = {name: {f.name for f in dataclasses.fields(cls)} for name, cls in sections().items()}
     unknown = sorted(f"[{s}] {k}" for s, k in _config_keys(ALL[doc])
@@ -171,9 +174,34 @@ def test_every_shipped_config_and_model_is_in_the_readme():
 
 def test_the_parsers_find_what_they_look_for():
     """A guard against a parser that silently finds nothing."""
-    readme = ALL["README.md"]
+    readme, running = ALL["README.md"], ALL["docs/running.md"]
     assert {"train_configs/debug_model.toml", "docs/design.md"} <= _paths("README.md", readme)
-    assert {("shell", "run_train.sh"), ("entry", "ttl-plan"),
-            ("module", "torchtitan_like.train")} <= _commands(readme)
+    assert {("shell", "run_train.sh"), ("shell", "run_tests.sh")} <= _commands(readme)
+    assert {("entry", "ttl-plan"), ("module", "torchtitan_like.train")} <= _commands(running)
     assert "debug_model.toml" in _bare_names(readme)
     assert ("training", "steps") in _config_keys(readme)
+
+
+DIMENSIONS = ("converters", "PP", "TP", "loss parallel", "EP", "AC", "compile", "FSDP", "CP")
+
+
+def _dimension_table() -> str:
+    text = (ROOT / "docs/design.md").read_text()
+    return text.split("## Where each dimension is applied", 1)[1].split("\n## ", 1)[0]
+
+
+def test_design_dimension_table_names_real_functions():
+    """Every ``file.py: name`` of docs/design.md's dimension table imports, and every parallel
+    dimension has a row."""
+    table = _dimension_table()
+    cells = [line.split("|")[2].strip() for line in table.splitlines()
+             if line.startswith("| ") and "---" not in line]
+    missing = [dim for dim in DIMENSIONS if not any(cell.startswith(dim) for cell in cells)]
+    assert not missing, f"dimensions without a row: {missing}"
+    named = re.findall(r"`([\w/]+)\.py: ([\w.]+)`", table)
+    assert len(named) >= len(DIMENSIONS)
+    for path, name in named:
+        target: object = importlib.import_module("torchtitan_like." + path.replace("/", "."))
+        for part in name.split("."):
+            target = getattr(target, part)
+        assert callable(target), f"{path}.py: {name}"

@@ -10,10 +10,10 @@ from torchtitan_like.components.float8 import (
     Float8Converter,
     check_cuda_capability,
     select_linears,
-    tp_styles,
 )
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import Float8
+from torchtitan_like.distributed.float8_tp import tp_styles
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.models.llama3 import Llama3Args, Transformer
 from torchtitan_like.validate import parse_args

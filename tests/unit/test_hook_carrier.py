@@ -1,4 +1,4 @@
-"""The loss hook's autograd carrier and the metric hook (components/model_hooks.py).
+"""The loss hook's autograd carrier and the metric hook (protocols/step_hooks.py).
 
 Everything in float64 on one process: the hooked model and the reference compute the same
 operations on the same numbers, so gradients agree to float64 rounding of a reordered sum
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-from torchtitan_like.components.model_hooks import StepHooks, attach_step_hooks
+from torchtitan_like.protocols.step_hooks import StepHooks, attach_step_hooks
 
 TOL = 1e-12
 COEF = 0.1

@@ -1,4 +1,8 @@
-"""The package's import graph: no circles, and ``config/`` at the bottom.
+"""The package's import graph: no circles, and every import points down the layers.
+
+``LAYERS`` is the layer table (docs/design.md, "Layers"), bottom to top: a module may import
+its own layer and those below it, never one above. Inside a layer any import is allowed as long
+as it closes no circle.
 
 Every module of ``torchtitan_like`` is parsed (not imported) with ``ast``, and every import
 statement counts, including those inside functions (a lazy import is still a dependency; it only
@@ -17,6 +21,17 @@ import torchtitan_like
 
 PACKAGE = "torchtitan_like"
 ROOT = Path(torchtitan_like.__file__).parent
+
+LAYERS = (
+    ("config", "logging", "exit_codes"),
+    ("protocols",),
+    ("distributed",),
+    ("models",),
+    ("components",),
+    ("validate", "train"),
+    ("preflight", "launch", "tools"),
+)
+"""Bottom to top: the first part of a module's name below the package gives its layer."""
 
 
 def module_name(path: Path) -> str:
@@ -111,6 +126,38 @@ def test_graph_sees_lazy_imports():
 def test_no_import_cycles():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import circle: " + " -> ".join(cycle or [])
+
+
+def layer_of(module: str) -> int | None:
+    """The index in ``LAYERS`` of a package module; None for the package itself."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return None
+    return next((i for i, layer in enumerate(LAYERS) if parts[1] in layer), -1)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every runtime import of a module in a higher layer, as ``a -> b``."""
+    return [f"{module} -> {target}" for module, targets in sorted(graph.items())
+            for target in sorted(targets)
+            if (here := layer_of(module)) is not None and (there := layer_of(target)) is not None
+            and there > here]
+
+
+def test_every_module_has_a_layer():
+    unplaced = sorted(m for m in import_graph() if layer_of(m) == -1)
+    assert not unplaced, f"modules outside the layer table (LAYERS): {unplaced}"
+
+
+def test_no_import_points_up_the_layers():
+    upward = upward_imports(import_graph())
+    assert not upward, "imports of a higher layer:\n" + "\n".join(upward)
+
+
+def test_upward_imports_are_seen():
+    graph = {f"{PACKAGE}.models.a": {f"{PACKAGE}.components.b", f"{PACKAGE}.distributed.c"},
+             f"{PACKAGE}.components.b": set(), f"{PACKAGE}.distributed.c": set()}
+    assert upward_imports(graph) == [f"{PACKAGE}.models.a -> {PACKAGE}.components.b"]
 
 
 def test_config_imports_only_itself():

@@ -2,7 +2,7 @@
 
 import torch
 
-from torchtitan_like.components.loss import IGNORE_INDEX, count_labelled_tokens, cross_entropy_sum
+from torchtitan_like.protocols.loss import IGNORE_INDEX, count_labelled_tokens, cross_entropy_sum
 
 
 def test_microbatch_sums_equal_the_whole_batch_in_loss_and_gradient():

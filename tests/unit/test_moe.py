@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from torchtitan_like.components.model_hooks import StepHooks, attach_step_hooks
 from torchtitan_like.models.moe import (
     GroupedExperts,
     MoE,
@@ -19,6 +18,7 @@ from torchtitan_like.models.moe import (
     limit_to_groups,
     sequence_balance_loss,
 )
+from torchtitan_like.protocols.step_hooks import StepHooks, attach_step_hooks
 
 
 def _experts(use_grouped_mm: bool) -> GroupedExperts:

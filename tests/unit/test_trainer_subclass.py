@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from harness import job_args, read_metrics, run_in_process
 
-from torchtitan_like.components.loss import IGNORE_INDEX
+from torchtitan_like.protocols.loss import IGNORE_INDEX
 from torchtitan_like.train import Trainer
 
 

@@ -22,13 +22,13 @@ from safetensors.torch import load_file, save_file
 
 from torchtitan_like.components.checkpoint.folder import publish, read_info
 from torchtitan_like.models.registry import (
-    HFAdapter,
-    ModelSpec,
     apply_overrides,
     get_model_args,
     get_model_spec,
     registered_models,
 )
+from torchtitan_like.protocols.hf_adapter import HFAdapter
+from torchtitan_like.protocols.model_spec import ModelSpec
 
 INDEX_FILE = "model.safetensors.index.json"
 

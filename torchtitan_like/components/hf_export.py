@@ -20,11 +20,12 @@ import torch
 
 from torchtitan_like.components.data.tokenizer import Tokenizer, build_tokenizer
 from torchtitan_like.components.hf_checkpoint import model_from_checkpoint, save_hf
+from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
-from torchtitan_like.distributed.utils import DTYPES
 from torchtitan_like.logging import logger
-from torchtitan_like.models.registry import ModelSpec, get_model_spec
+from torchtitan_like.models.registry import get_model_spec
+from torchtitan_like.protocols.model_spec import ModelSpec
 
 BYTE_BOS, BYTE_EOS = "<|begin_of_text|>", "<|end_of_text|>"
 

@@ -1,7 +1,5 @@
 """Measured and modelled activation memory, for the benchmarks and the planner.
 
-``measure_train_step`` tracks one real step of a Trainer (every model part, gradient
-accumulation or a pipeline schedule, the optimizer): what a layout costs per rank.
 ``measure_step_memory`` runs one forward/backward (optionally the optimizer step) under
 ``torch.distributed._tools.mem_tracker.MemTracker``, a dispatch mode that sees every tensor
 storage and files it as Parameter, Buffer, Gradient, Activation, Temp (backward scratch),
@@ -27,14 +25,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from enum import Enum
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
-
-if TYPE_CHECKING:
-    from torchtitan_like.train import Trainer
 
 TOTAL = "Total"
 """The key of the sum over categories in a MemTracker snapshot."""
@@ -63,7 +57,8 @@ class StepMemory:
         return self.peak.get("Activation", 0) + self.peak.get("Temp", 0)
 
 
-def _by_category(snapshot: dict[torch.device, dict], device: torch.device) -> dict[str, int]:
+def by_category(snapshot: dict[torch.device, dict], device: torch.device) -> dict[str, int]:
+    """One device's bytes by MemTracker category name, from a tracker snapshot."""
     categories = snapshot.get(torch.device(device), {})
     return {(k.value if isinstance(k, Enum) else str(k)): v for k, v in categories.items()}
 
@@ -89,7 +84,7 @@ def measure_step_memory(
     footprints = [0] * len(blocks)
 
     def activations() -> int:
-        return _by_category(tracker.get_tracker_snapshot(), device).get("Activation", 0)
+        return by_category(tracker.get_tracker_snapshot(), device).get("Activation", 0)
 
     def pre_hook(index: int) -> Callable:
         return lambda _module, _args: before.__setitem__(index, activations())
@@ -107,7 +102,7 @@ def measure_step_memory(
             loss = forward()
             for handle in handles:  # recomputation in backward must not overwrite the figures
                 handle.remove()
-            after_forward = _by_category(tracker.get_tracker_snapshot(), device)
+            after_forward = by_category(tracker.get_tracker_snapshot(), device)
             loss.backward()
             if optimizer is not None:
                 optimizer.step()
@@ -115,7 +110,7 @@ def measure_step_memory(
         for handle in handles:
             handle.remove()
     return StepMemory(
-        peak=_by_category(tracker.get_tracker_snapshot("peak"), device),
+        peak=by_category(tracker.get_tracker_snapshot("peak"), device),
         after_forward=after_forward,
         per_block=footprints,
     )
@@ -140,43 +135,3 @@ def korthikanti_activation_bytes(
     per_layer = {"none": none, "selective": 34 * sbh,
                  "full": 2 * sbh / every + none * (1 - 1 / every)}[mode]
     return per_layer * bytes_per_element / 2
-
-
-def measure_train_step(trainer: Trainer) -> dict[str, int]:
-    """Peak bytes of one steady-state training step on this rank, by MemTracker category
-    (Parameter, Gradient, Optstate, Activation, Temp, Buffer, Other) plus ``Total``.
-
-    A first, untracked step creates the optimizer states (AdamW allocates them lazily), so the
-    measured step is what every later step costs. Under PP it follows the schedule's every
-    forward and backward and counts the stages' receive buffers; the zero-bubble schedules
-    (split backward through ``autograd.grad``) are beyond MemTracker's module hooks.
-    """
-    data = iter(trainer.dataloader)
-
-    def step() -> None:
-        trainer.train_step([next(data) for _ in range(trainer.grad_accumulation_steps)])
-
-    step()
-    tracker = MemTracker()
-    tracker.track_external(*trainer.model_parts, *trainer.optimizers.optimizers)
-    if trainer.pipeline is not None:  # allocated in the first step, before the tracker
-        tracker.track_external(*trainer.pipeline.receive_buffers())
-    # MemTracker refuses a second forward of a root module in one tracked region (gradient
-    # accumulation; every microbatch of a pipeline schedule) unless that module's statistics
-    # are dropped first. Only the root's: under PP another stage on this rank may still run
-    # the backward of an earlier microbatch, which looks up its own modules' entries. The
-    # step's peak, all we read, is kept apart. A global hook registered before the tracker's
-    # own runs before it.
-    roots = {id(part) for part in trainer.model_parts}
-
-    def reset(module: nn.Module, _args: object) -> None:
-        if id(module) in roots:
-            tracker.memory_tracking.pop(module, None)
-
-    handle = torch.nn.modules.module.register_module_forward_pre_hook(reset)
-    try:
-        with tracker:
-            step()
-    finally:
-        handle.remove()
-    return _by_category(tracker.get_tracker_snapshot("peak"), trainer.device)

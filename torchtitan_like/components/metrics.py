@@ -196,7 +196,7 @@ class MetricsLogger:
 
     def log(self, step: int, values: dict[str, Any], console: list[str] = ()) -> dict[str, Any]:
         """Write a training record: ``values`` (loss, grad_norm, lr, the model's own metrics
-        from components/model_hooks.py, ...) plus throughput and, with ``total_steps``,
+        from protocols/step_hooks.py, ...) plus throughput and, with ``total_steps``,
         progress (``tokens_seen`` in values is shown when given); the ``console`` names among
         ``values`` are shown on the console line too."""
         seconds = time.perf_counter() - self.window_start - sum(self.paused_seconds.values())

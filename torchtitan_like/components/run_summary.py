@@ -15,10 +15,11 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.distributed.fsdp import FSDPModule
 
+from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.plan_check import _compiled
-from torchtitan_like.distributed.utils import DTYPES, local_numel
+from torchtitan_like.distributed.utils import local_numel
 
 ADAM_STATES = 2
 """AdamW and Adam keep two moments per parameter, in the master dtype."""

@@ -31,7 +31,7 @@ swapped views' own autograd (the reduce of a replicated weight's gradient includ
 eager. A MoE region, holding routed experts, is compiled around them as above.
 
 Side effects under activation checkpointing: a block's Python side effects (the loss and
-metric hooks of components/model_hooks.py record values) run once per forward. Eager
+metric hooks of protocols/step_hooks.py record values) run once per forward. Eager
 checkpointing would replay them while recomputing in backward, which is why the hooks ignore
 recomputation; dynamo refuses them inside a checkpointed region unless told not to replay them,
 which is exactly the hooks' semantics, so apply_compile sets

@@ -39,7 +39,7 @@ its position; the loss is a sum over tokens and does not care about their order.
 **Loss.** Each rank sums the cross-entropy of its tokens and divides by the labelled tokens of
 the whole global batch (counted before the batch is sharded); FSDP sums gradients over
 ``dp_shard x cp`` and the logged loss is summed over ``dp x cp``, so CP gives exactly the
-one-process loss and gradient (components/loss.py).
+one-process loss and gradient (protocols/loss.py).
 
 **Values narrower than keys** (multi-head latent attention: ``v_head_dim`` < ``qk_nope_head_dim
 + qk_rope_head_dim``). The ring's per-block kernels (CPU and CUDA flash) need one head dim for
@@ -79,7 +79,7 @@ from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.utils import device_type
 
 if TYPE_CHECKING:
-    from torchtitan_like.models.registry import ModelSpec
+    from torchtitan_like.protocols.model_spec import ModelSpec
 
 CPContext = Callable[[torch.Tensor, torch.Tensor], contextlib.AbstractContextManager]
 """Given a microbatch's (inputs, labels): the context its forward and backward run in."""

@@ -10,7 +10,7 @@ overlaps the compute of unit i. Per rank, parameters + gradients + Adam states c
 between replicas.
 
 Gradients are *summed*, not averaged, across ranks: the loss is already divided by the number
-of tokens in the global batch (components/loss.py), so the sum is the exact global gradient
+of tokens in the global batch (protocols/loss.py), so the sum is the exact global gradient
 under any data/context-parallel layout and any gradient accumulation.
 """
 

@@ -75,7 +75,7 @@ def check_moe_tensor_parallel(tp: int, *, float8: bool, where: str) -> None:
     (distributed/local_tp.py). Float8 linears inside such a region would scale each rank's
     shard on its own (torchao's float8 TP styles do not apply there). (A loss term computed
     inside the region, the auxiliary balance loss, is exact: each TP rank adds 1/tp of its
-    gradient, components/model_hooks.py.) The model's args and the planner both call it."""
+    gradient, protocols/step_hooks.py.) The model's args and the planner both call it."""
     _require(tp == 1 or not float8,
              f"{where}: [float8] enable with [parallelism] tensor_parallel_degree = {tp} is not "
              "supported for mixture-of-experts models (their attention/MoE layers run as local "

@@ -27,7 +27,7 @@ a replicated path straight to the output would be counted tp times (true of MLA 
 layer, whose routed and shared experts both end in row-wise w2). A loss term added inside the
 region (the MoE auxiliary balance loss, through step hooks) is such a replicated path: every
 rank computes all of it, so each adds 1/tp of its gradient (``StepHooks.share_loss_gradients``,
-components/model_hooks.py, where the exactness is derived).
+protocols/step_hooks.py, where the exactness is derived).
 
 The swap: before the module's forward, each of the region's parameters is replaced in its
 owner's ``_parameters`` by its local view (``to_local()`` for a sharded one; for a replicated

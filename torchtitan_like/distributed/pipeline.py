@@ -42,7 +42,7 @@ Stages are the plain model with the other stages' modules removed (``prune_to_st
 names and therefore parameter names (FQNs) stay those of the unsplit model, which checkpoints and
 the layout-independent weight init rely on. Each stage then goes through the model's
 parallelize plan like an unsplit model. The loss is the global-token normalised sum
-(components/loss.py) computed on the last stage per microbatch, so the schedule's summed
+(protocols/loss.py) computed on the last stage per microbatch, so the schedule's summed
 microbatch losses are already the step's loss share and gradients are not rescaled
 (``scale_grads=False``).
 """
@@ -70,7 +70,7 @@ from torchtitan_like.distributed import layout_rules
 from torchtitan_like.logging import logger
 
 if typing.TYPE_CHECKING:
-    from torchtitan_like.models.registry import PipeliningFn
+    from torchtitan_like.protocols.model_spec import PipeliningFn
 
 SPLIT_BACKWARD = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 """Schedules splitting each backward into an input-gradient and a weight-gradient pass, i.e.
@@ -263,7 +263,7 @@ class _Stage(PipelineStage):
 
     ``forward_context`` marks the forwards of real microbatches: the stage's first step also
     runs a metadata-inference forward on uninitialised tensors, which the model's metric hooks
-    (components/model_hooks.py) must not record.
+    (protocols/step_hooks.py) must not record.
     """
 
     forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext

@@ -29,13 +29,13 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import ParallelStyle
 
-from torchtitan_like.components.float8 import tp_styles
+from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.distributed.activation_checkpoint import apply_ac
 from torchtitan_like.distributed.compile import apply_compile
 from torchtitan_like.distributed.expert_layout import expert_fsdp_mesh
 from torchtitan_like.distributed.expert_parallel import apply_expert_fsdp, apply_expert_parallel
+from torchtitan_like.distributed.float8_tp import tp_styles
 from torchtitan_like.distributed.fsdp import apply_fsdp, reshard_after_forward
-from torchtitan_like.distributed.utils import DTYPES
 
 if TYPE_CHECKING:
     from torchtitan_like.config.job_config import JobConfig

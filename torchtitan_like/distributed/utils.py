@@ -22,8 +22,6 @@ from torch.distributed.tensor import DTensor
 
 from torchtitan_like.distributed.tied_weights import plain_name, tied_aliases
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
 
 def device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"

@@ -36,7 +36,7 @@ from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.models.attention import sdpa
 
 if TYPE_CHECKING:
-    from torchtitan_like.models.registry import ModelSpec
+    from torchtitan_like.protocols.model_spec import ModelSpec
 
 MASK_TYPES = frozenset({"causal", "block_causal"})
 """Every ``[model] attn_mask_type``; a model whose forward takes ``document_ids`` declares them

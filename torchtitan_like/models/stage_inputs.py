@@ -10,7 +10,7 @@ without PP, in training and in validation. The model declares what it takes in
 
 - ``token_ids``: the microbatch's input token ids, (batch, seq) int64, as the first stage
   receives them positionally;
-- ``labels``: its labels, (batch, seq) int64 (``components/loss.IGNORE_INDEX`` where a
+- ``labels``: its labels, (batch, seq) int64 (``protocols/loss.IGNORE_INDEX`` where a
   position is not scored, e.g. masked by ``Trainer.post_dataloading_process``);
 - ``document_ids``: each token's document (models/attention_masks.py), given whenever
   ``[model] attn_mask_type = "block_causal"``, declared or not.
@@ -31,7 +31,7 @@ from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.models.attention_masks import document_ids
 
 if TYPE_CHECKING:
-    from torchtitan_like.models.registry import ModelSpec
+    from torchtitan_like.protocols.model_spec import ModelSpec
 
 STAGE_INPUTS = ("token_ids", "labels", "document_ids")
 """Every keyword input the trainer can hand a model's stages (module docstring)."""

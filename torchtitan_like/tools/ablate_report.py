@@ -4,7 +4,7 @@ table, CSV and chart written from them.
 Columns: throughput and MFU are means over the logged steps after the first (which carries
 start-up and compilation); memory is the largest logged peak; the final and validation losses
 are the last logged; the model's own metrics (``record_metric`` and the ``aux_loss/<name>``
-terms of components/model_hooks.py) are their last logged values, one column each, for every
+terms of protocols/step_hooks.py) are their last logged values, one column each, for every
 name any variant logged. The chart needs matplotlib (the ``plot`` extra); without it the table
 says so and the runner prints one line.
 """

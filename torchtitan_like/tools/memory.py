@@ -1,8 +1,9 @@
 """Measure the peak tensor memory of training steps, to validate the planner.
 
-The measurement is components/memory.py's ``measure_train_step`` (MemTracker over one real
-step of the trainer), used by scripts/validate_plan_memory.py and tests/parallel/
-test_plan_memory.py. As a torchrun entry point it builds the trainer of each case of a JSON
+``measure_train_step`` tracks one real step of a Trainer (every model part, gradient
+accumulation or a pipeline schedule, the optimizer) with MemTracker (components/memory.py): what
+a layout costs per rank; scripts/validate_plan_memory.py, scripts/bench.py and tests/parallel/
+test_plan_memory.py use it. As a torchrun entry point it builds the trainer of each case of a JSON
 file ({name: [overrides]}) in turn, in one process group, and writes each rank's peak, by
 category, to a JSON file:
 
@@ -18,11 +19,54 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
+from torch import nn
+from torch.distributed._tools.mem_tracker import MemTracker
 
-from torchtitan_like.components.memory import measure_train_step
+from torchtitan_like.components.memory import by_category
 from torchtitan_like.distributed.lifecycle import exit_process
 from torchtitan_like.train import Trainer
+
+
+def measure_train_step(trainer: Trainer) -> dict[str, int]:
+    """Peak bytes of one steady-state training step on this rank, by MemTracker category
+    (Parameter, Gradient, Optstate, Activation, Temp, Buffer, Other) plus ``Total``.
+
+    A first, untracked step creates the optimizer states (AdamW allocates them lazily), so the
+    measured step is what every later step costs. Under PP it follows the schedule's every
+    forward and backward and counts the stages' receive buffers; the zero-bubble schedules
+    (split backward through ``autograd.grad``) are beyond MemTracker's module hooks.
+    """
+    data = iter(trainer.dataloader)
+
+    def step() -> None:
+        trainer.train_step([next(data) for _ in range(trainer.grad_accumulation_steps)])
+
+    step()
+    tracker = MemTracker()
+    tracker.track_external(*trainer.model_parts, *trainer.optimizers.optimizers)
+    if trainer.pipeline is not None:  # allocated in the first step, before the tracker
+        tracker.track_external(*trainer.pipeline.receive_buffers())
+    # MemTracker refuses a second forward of a root module in one tracked region (gradient
+    # accumulation; every microbatch of a pipeline schedule) unless that module's statistics
+    # are dropped first. Only the root's: under PP another stage on this rank may still run
+    # the backward of an earlier microbatch, which looks up its own modules' entries. The
+    # step's peak, all we read, is kept apart. A global hook registered before the tracker's
+    # own runs before it.
+    roots = {id(part) for part in trainer.model_parts}
+
+    def reset(module: nn.Module, _args: object) -> None:
+        if id(module) in roots:
+            tracker.memory_tracking.pop(module, None)
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(reset)
+    try:
+        with tracker:
+            step()
+    finally:
+        handle.remove()
+    return by_category(tracker.get_tracker_snapshot("peak"), trainer.device)
 
 
 def main(argv: list[str]) -> None:

@@ -16,9 +16,9 @@ import json
 import sys
 from typing import Any
 
+from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.manager import build_job_config, import_custom_modules
-from torchtitan_like.distributed.utils import DTYPES
 from torchtitan_like.tools.planner import (
     GPUS,
     Cluster,

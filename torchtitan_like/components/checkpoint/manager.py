@@ -43,12 +43,12 @@ from torchtitan_like.components.checkpoint.validate import CheckpointError
 from torchtitan_like.components.fault_injection import FaultInjector
 from torchtitan_like.components.lr_scheduler import LRSchedulersContainer
 from torchtitan_like.components.optimizer import OptimizersContainer
+from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.distributed.parallel_dims import ParallelDims
-from torchtitan_like.distributed.utils import DTYPES
 from torchtitan_like.logging import logger
-from torchtitan_like.models.registry import HFAdapter
+from torchtitan_like.protocols.hf_adapter import HFAdapter
 
 STATES = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state")
 _EXCLUDE_HINT = "--checkpoint.exclude_from_loading"

@@ -12,7 +12,8 @@ from torchtitan_like.models.deepseek_v3.parallelize import (
 )
 from torchtitan_like.models.llama3 import context_parallel_buffers
 from torchtitan_like.models.llama3.pipeline import pipeline_llama
-from torchtitan_like.models.registry import ModelSpec, register_model
+from torchtitan_like.models.registry import register_model
+from torchtitan_like.protocols.model_spec import ModelSpec
 
 register_model(
     ModelSpec(

@@ -20,7 +20,7 @@ from torchtitan_like.distributed.layout_rules import (
     check_tensor_parallel_shapes,
 )
 from torchtitan_like.models.moe import MoEArgs
-from torchtitan_like.models.registry import BaseModelArgs, check_arg_ranges
+from torchtitan_like.protocols.model_args import BaseModelArgs, check_arg_ranges
 
 if TYPE_CHECKING:
     from torchtitan_like.config.job_config import JobConfig

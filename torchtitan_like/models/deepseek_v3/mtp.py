@@ -10,8 +10,8 @@ token i + k + 1 through the model's own embedding and output head (shared, as pu
 
     L_MTP = lambda / D * sum_k (1 / T) sum_i CE(p_i, t_{i+k+1})
 
-with T the step's labelled tokens, as the main loss (components/loss.py). The term goes through
-the step hooks (``add_loss("mtp", ...)``, components/model_hooks.py): the objective gains
+with T the step's labelled tokens, as the main loss (protocols/loss.py). The term goes through
+the step hooks (``add_loss("mtp", ...)``, protocols/step_hooks.py): the objective gains
 L_MTP, the logged ``loss`` stays the main cross-entropy, and ``aux_loss/mtp`` logs L_MTP while
 ``aux_loss/mtp_ce`` logs the unweighted sum_k (1/T) sum_i CE (the MTP metric, also with
 lambda = 0).
@@ -32,9 +32,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from torchtitan_like.components.loss import cross_entropy_sum
 from torchtitan_like.models.attention_masks import AttentionMask
 from torchtitan_like.models.deepseek_v3.args import DeepSeekV3Args
+from torchtitan_like.protocols.loss import cross_entropy_sum
 
 BlockFactory = Callable[[int, DeepSeekV3Args], nn.Module]
 """(layer id, args) -> a DeepSeek-V3 block (model.py's DeepSeekV3Block)."""
@@ -73,7 +73,7 @@ def shifted_tokens(tokens: torch.Tensor, k: int) -> torch.Tensor:
 
 class MTPLoss(nn.Module):
     """The MTP depths of a model and their loss term (module docstring). Holds the step hooks
-    (components/model_hooks.py); the model calls ``forward`` with the trunk's output."""
+    (protocols/step_hooks.py); the model calls ``forward`` with the trunk's output."""
 
     def __init__(self, args: DeepSeekV3Args, make_block: BlockFactory):
         super().__init__()
@@ -85,7 +85,7 @@ class MTPLoss(nn.Module):
 
     def forward(self, h: torch.Tensor, tokens: torch.Tensor, embedding: nn.Module,
                 head: nn.Module, rope: torch.Tensor, mask: AttentionMask = None) -> torch.Tensor:
-        """Returns ``h`` (the carrier of the term, components/model_hooks.py); outside a
+        """Returns ``h`` (the carrier of the term, protocols/step_hooks.py); outside a
         training step (validation, inference) the depths do not run."""
         hooks = self.step_hooks
         if hooks is None or not torch.is_grad_enabled():

@@ -27,11 +27,11 @@ all-gather in and one reduce-scatter out:
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING
 
 from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle, SequenceParallel, parallelize_module
 
-from torchtitan_like.components.optimizer import OptimizersContainer
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.distributed.activation_checkpoint import apply_ac
 from torchtitan_like.distributed.local_tp import LocalTensorParallel, moe_tp_plan
@@ -41,6 +41,9 @@ from torchtitan_like.distributed.tensor_parallel import maybe_enable_async_tp
 from torchtitan_like.models.deepseek_v3.model import DeepSeekV3Model
 from torchtitan_like.models.llama3.parallelize import apply_tp
 from torchtitan_like.models.moe import register_moe_balancing, routed_experts
+
+if TYPE_CHECKING:
+    from torchtitan_like.components.optimizer import OptimizersContainer
 
 MLA_SHARDED = {"wq.weight": 0, "wq_b.weight": 0, "wkv_b.weight": 0, "wo.weight": 1}
 """MLA's per-head projections (heads are contiguous rows of wq/wq_b/wkv_b, columns of wo);

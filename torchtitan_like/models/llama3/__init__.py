@@ -4,7 +4,8 @@ from torchtitan_like.models.llama3.hf_adapter import Llama3HFAdapter
 from torchtitan_like.models.llama3.model import Transformer
 from torchtitan_like.models.llama3.parallelize import context_parallel_buffers, parallelize_llama
 from torchtitan_like.models.llama3.pipeline import pipeline_llama
-from torchtitan_like.models.registry import ModelSpec, register_model
+from torchtitan_like.models.registry import register_model
+from torchtitan_like.protocols.model_spec import ModelSpec
 
 register_model(
     ModelSpec(

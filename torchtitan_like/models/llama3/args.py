@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed.layout_rules import check_tensor_parallel_shapes
 from torchtitan_like.models.llama3.pipeline import llama_fqns_per_stage
-from torchtitan_like.models.registry import BaseModelArgs, check_arg_ranges
+from torchtitan_like.protocols.model_args import BaseModelArgs, check_arg_ranges
 
 if TYPE_CHECKING:
     from torchtitan_like.config.job_config import JobConfig

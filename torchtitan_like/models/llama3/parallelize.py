@@ -1,8 +1,9 @@
 """The Llama 3 parallelization plan: one model part in, the same part parallelized out.
 
 The order is fixed and each step lives in its own file under distributed/:
-tensor parallel -> context parallel -> (expert parallel) -> activation checkpointing ->
-torch.compile -> FSDP2 (the last four through distributed/plan_toolkit.py's ``apply_block_tail``).
+tensor parallel -> (expert parallel) -> activation checkpointing -> torch.compile -> FSDP2 (the
+last four through distributed/plan_toolkit.py's ``apply_block_tail``); context parallel is no
+step of the plan, it is entered per step (docs/design.md, "Where each dimension is applied").
 Every step skips the modules a pipeline stage dropped (``None``), so each stage of a pipeline
 goes through this same plan.
 """

@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from torchtitan_like.components.model_hooks import recomputing
 from torchtitan_like.models.llama3.model import FeedForward
 from torchtitan_like.models.moe.args import MoEArgs
 from torchtitan_like.models.moe.experts import GroupedExperts
 from torchtitan_like.models.moe.router import TokenChoiceTopKRouter
+from torchtitan_like.protocols.step_hooks import recomputing
 
 
 class MoE(nn.Module):
@@ -40,7 +40,7 @@ class MoE(nn.Module):
             self.register_buffer("expert_bias", torch.zeros(args.num_experts), persistent=True)
         self.register_buffer("tokens_per_expert", torch.zeros(args.num_experts),
                              persistent=False)
-        self.step_hooks = None  # set by attach_step_hooks (components/model_hooks.py)
+        self.step_hooks = None  # set by attach_step_hooks (protocols/step_hooks.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (bs, seq, dim) -> (bs, seq, dim)."""

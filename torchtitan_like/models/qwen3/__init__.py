@@ -4,7 +4,8 @@ from torchtitan_like.models.qwen3.args import Qwen3Args, qwen3_flavors
 from torchtitan_like.models.qwen3.hf_adapter import Qwen3HFAdapter
 from torchtitan_like.models.qwen3.model import Qwen3Model
 from torchtitan_like.models.qwen3.parallelize import parallelize_qwen3
-from torchtitan_like.models.registry import ModelSpec, register_model
+from torchtitan_like.models.registry import register_model
+from torchtitan_like.protocols.model_spec import ModelSpec
 
 register_model(
     ModelSpec(

@@ -18,7 +18,7 @@ from torchtitan_like.distributed.layout_rules import (
 )
 from torchtitan_like.models.llama3.args import check_heads_and_layout
 from torchtitan_like.models.moe import MoEArgs
-from torchtitan_like.models.registry import BaseModelArgs, check_arg_ranges
+from torchtitan_like.protocols.model_args import BaseModelArgs, check_arg_ranges
 
 if TYPE_CHECKING:
     from torchtitan_like.config.job_config import JobConfig

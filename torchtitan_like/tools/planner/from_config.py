@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.distributed import layout_rules
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.pipeline import stages_per_rank
-from torchtitan_like.distributed.utils import DTYPES
 from torchtitan_like.tools.planner.inputs import (
     GPU,
     Cluster,

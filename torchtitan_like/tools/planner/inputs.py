@@ -13,7 +13,7 @@ from torchtitan_like.tools.planner.attention import LatentAttention, latent_atte
 from torchtitan_like.tools.planner.moe import attention_fields, moe_fields
 
 if TYPE_CHECKING:
-    from torchtitan_like.models.registry import BaseModelArgs
+    from torchtitan_like.protocols.model_args import BaseModelArgs
 
 GiB = 2**30
 ModelledSchedule = Literal["1F1B", "GPipe", "Interleaved1F1B"]

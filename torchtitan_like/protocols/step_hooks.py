@@ -11,7 +11,7 @@ In forward:
 With no hooks attached (plain use of the model) the module behaves as a plain module.
 
 Why a carrier. The step's training objective is L = (1/T) sum (ce + aux) over every token of the
-step (T: the step's labelled tokens, components/loss.py). The cross-entropy reaches L through
+step (T: the step's labelled tokens, protocols/loss.py). The cross-entropy reaches L through
 the logits; an auxiliary term computed inside a block may sit on another pipeline stage than
 the loss, inside a checkpointed or a compiled region. ``add_loss`` therefore does not add the
 term to any value: it returns the block's hidden state (the *carrier*) through an autograd
