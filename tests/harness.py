@@ -94,6 +94,25 @@ def env() -> dict[str, str]:
             "OMP_NUM_THREADS": "1"}
 
 
+def torchrun_argv(nproc: int, *args: str, max_restarts: int | None = None,
+                  launcher: str = "torch.distributed.run") -> list[str]:
+    """The command line of a standalone torchrun of ``nproc`` processes on this machine:
+    ``args`` is a script and its arguments, or ``-m module ...``, after any further launcher
+    flags. ``launcher`` is the module that launches (torchtitan_like.launch wraps torchrun)."""
+    restarts = [] if max_restarts is None else [f"--max-restarts={max_restarts}"]
+    return [sys.executable, "-m", launcher, "--standalone", f"--nproc_per_node={nproc}",
+            *restarts, *args]
+
+
+def torchrun(nproc: int, *args: str, timeout: int = 600, max_restarts: int | None = None,
+             launcher: str = "torch.distributed.run") -> subprocess.CompletedProcess:
+    """Run ``torchrun_argv`` from the repository root with ``env()``, its output captured as
+    text."""
+    argv = torchrun_argv(nproc, *args, max_restarts=max_restarts, launcher=launcher)
+    return subprocess.run(argv, cwd=ROOT, env=env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
 def job_args(overrides: list[str], dump_folder: Path, corpus: Path) -> list[str]:
     """The trainer's command line for one case: BASE, the corpus, the overrides."""
     data = ["--training.dataset", "local", "--training.dataset_path", str(corpus)]
@@ -148,11 +167,8 @@ def launch(nproc: int, cases: dict[str, list[str]], workdir: Path, corpus: Path,
     workdir.mkdir(parents=True, exist_ok=True)
     spec = {name: job_args(overrides, workdir / name, corpus) for name, overrides in cases.items()}
     (workdir / "cases.json").write_text(json.dumps(spec))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", f"--max-restarts={max_restarts}", str(worker),
-           str(workdir / "cases.json")]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True,
-                          timeout=timeout)
+    proc = torchrun(nproc, str(worker), str(workdir / "cases.json"), timeout=timeout,
+                    max_restarts=max_restarts)
     if proc.returncode != 0:
         raise RuntimeError(f"launch of {nproc} processes failed:\n{proc.stdout[-4000:]}\n"
                            f"{proc.stderr[-8000:]}")

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import ROOT, env, read_metrics
+from harness import ROOT, env, read_metrics, torchrun
 
 from torchtitan_like.preflight import main as preflight_main
 
@@ -236,12 +236,10 @@ def test_a_killed_launcher_leaves_no_process(jobs):
 def test_an_error_on_rank_1_reaches_the_console_with_log_rank_0(tmp_path, corpus):
     """Through the launcher alone (run_train.sh adds its preflight, tested above)."""
     plugin = ROOT / "tests/e2e/rank1_fails.py"
-    proc = subprocess.run(
-        [sys.executable, "-m", "torchtitan_like.launch", "--standalone", "--nproc_per_node=2",
-         "--max-restarts=3", "--local-ranks-filter=0", "--role=rank", "--tee=3",
-         "-m", "torchtitan_like.train", *TINY, f"--training.dataset_path={corpus}",
-         f"--job.custom_import={plugin}", f"--job.dump_folder={tmp_path}"],
-        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=START_S)
+    proc = torchrun(2, "--local-ranks-filter=0", "--role=rank", "--tee=3",
+                    "-m", "torchtitan_like.train", *TINY, f"--training.dataset_path={corpus}",
+                    f"--job.custom_import={plugin}", f"--job.dump_folder={tmp_path}",
+                    timeout=START_S, max_restarts=3, launcher="torchtitan_like.launch")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-3000:]
     assert "Traceback" not in out and "restarting" not in out

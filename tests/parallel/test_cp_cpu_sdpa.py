@@ -11,11 +11,9 @@ kernel call only by rounding: measured <= 2.2e-6, and 1e-5 leaves a margin while
 """
 
 import json
-import subprocess
-import sys
 
 import pytest
-from harness import ROOT, env
+from harness import ROOT, torchrun
 
 TOL = 1e-5  # class (b) on unit-scale values: 84 eps; measured 18 eps
 
@@ -23,9 +21,7 @@ TOL = 1e-5  # class (b) on unit-scale values: 84 eps; measured 18 eps
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("cp_ring") / "results.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
-           str(ROOT / "tests" / "parallel" / "cp_ring_worker.py"), str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
+    proc = torchrun(4, str(ROOT / "tests" / "parallel" / "cp_ring_worker.py"), str(out))
     assert proc.returncode == 0, proc.stderr[-8000:]
     return json.loads(out.read_text())
 

@@ -8,19 +8,15 @@ rank 0's tokens to its own experts (it sends nothing to rank 1) and gives expert
 Tolerances are derived in the worker's ``close``.
 """
 
-import subprocess
-import sys
 from pathlib import Path
 
-from harness import ROOT, env
+from harness import torchrun
 
 WORKER = Path(__file__).parent / "ep_style_worker.py"
 
 
 def test_expert_parallel_matches_one_process():
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(WORKER)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    proc = torchrun(2, str(WORKER), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     checks = [line for line in proc.stdout.splitlines() if line.startswith("CHECK")]
     assert len(checks) == 32 and all(line.endswith(" ok") for line in checks), checks

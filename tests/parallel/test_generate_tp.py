@@ -9,11 +9,8 @@ to a multiple of the TP degree (sequence parallel shards it); causal attention k
 out of the real positions, which the exact agreement also checks.
 """
 
-import subprocess
-import sys
-
 import torch
-from harness import ROOT, env
+from harness import torchrun
 
 from torchtitan_like.components.data.tokenizer import ByteTokenizer
 from torchtitan_like.components.hf_checkpoint import save_hf
@@ -42,10 +39,7 @@ def test_tp2_generates_the_tokens_of_one_process(tmp_path):
         top2 = one(torch.tensor([ids + ours[:-1]]))[0, len(ids) - 1:].topk(2).values
     assert (top2[:, 0] - top2[:, 1]).min() > 1e-4
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "scripts/generate.py", str(tmp_path), "--tp", "2", "--prompt", PROMPT,
-         "--max_new_tokens", str(NEW_TOKENS)],
-        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
+    proc = torchrun(2, "scripts/generate.py", str(tmp_path), "--tp", "2", "--prompt", PROMPT,
+                    "--max_new_tokens", str(NEW_TOKENS))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.rstrip("\n").endswith(PROMPT + byte.decode(ours))

@@ -10,12 +10,10 @@ config asked for (distributed/plan_check.py).
   this process), and one leaving parameters unsharded under TP=2 (a torchrun of 2).
 """
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from harness import ROOT, assert_close, build_trainer, env, job_args, launch, losses
+from harness import assert_close, build_trainer, job_args, launch, losses, torchrun
 
 from torchtitan_like.config.errors import ConfigError
 
@@ -49,9 +47,7 @@ def test_a_plan_skipping_a_switch_is_refused(switch, named, corpus, tmp_path, on
 
 
 def test_a_plan_ignoring_tp_stops_the_job(corpus, tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "torchtitan_like.train", *job_args([*LAZY, *TP2], tmp_path, corpus)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
+    proc = torchrun(2, "-m", "torchtitan_like.train", *job_args([*LAZY, *TP2], tmp_path, corpus))
     assert proc.returncode != 0
     assert ("config error: model 'llama3_lazy_plan': its parallelize_fn (ModelSpec) did not "
             "apply tensor parallelism to") in proc.stderr
