@@ -28,6 +28,8 @@ import shutil
 
 import pytest
 from harness import GRAD_NORM_RTOL, ROOT, assert_close, launch, losses
+from layouts import PP2_MICROBATCHES as PP2
+from layouts import TP2, WHOLE
 from torch.distributed.checkpoint import FileSystemReader
 
 from torchtitan_like.config.errors import ConfigError
@@ -39,8 +41,6 @@ TOL = 1e-5
 MTP = ["--model.overrides.mtp_depth=1"]
 VALIDATE = ["--validation.enable=true", "--validation.freq=5", "--validation.steps=2"]
 SAVE = ["--checkpoint.enable=true", "--checkpoint.interval=1"]
-PP2 = ["--parallelism.pipeline_parallel_degree=2", "--training.local_batch_size=4",
-       "--parallelism.pipeline_parallel_microbatch_size=1"]
 COUNTING = f"--job.trainer={ROOT / 'tests/plugins/custom_trainer.py'}:CountingTrainer"
 MTP_CASES = ["mtp_pp2", "mtp_fsdp2", "mtp_tp2"]
 
@@ -68,13 +68,11 @@ def runs(fork, corpus, tmp_path_factory):
     results.update(launch(2, {
         "fsdp2": fork,
         "fsdp2_full_ac": [*fork, "--activation_checkpoint.mode=full"],
-        "tp2": [*fork, "--parallelism.tensor_parallel_degree=2",
-                "--training.local_batch_size=4"],
+        "tp2": [*fork, *TP2, *WHOLE],
         "pp2": [*fork, *PP2],
         "mtp_pp2": [*mtp, *PP2, "--activation_checkpoint.mode=full", COUNTING],
         "mtp_fsdp2": mtp,
-        "mtp_tp2": [*mtp, "--parallelism.tensor_parallel_degree=2",
-                    "--training.local_batch_size=4"],
+        "mtp_tp2": [*mtp, *TP2, *WHOLE],
         "mtp_pp2_from_one": [*fork, *MTP, *PP2, *SAVE],
     }, root / "2", corpus))
     return results, root

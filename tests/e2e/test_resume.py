@@ -16,14 +16,13 @@ import shutil
 
 import pytest
 from harness import FP32_PARITY_TOL, assert_close, launch, losses
+from layouts import HSDP, PP2, TP2
 
 TOL = FP32_PARITY_TOL  # class (b), reordered fp32 sums: derivation in tests/harness.py
 STEPS = ["--training.steps", "10"]
 CKPT = [*STEPS, "--checkpoint.enable", "true", "--checkpoint.interval", "5"]
-HSDP = ["--parallelism.data_parallel_replicate_degree", "2"]
-TP2 = ["--parallelism.tensor_parallel_degree", "2"]
-PP2 = ["--parallelism.pipeline_parallel_degree", "2"]  # 1F1B, 2 microbatches of 1 per schedule
 SAVING = {"fsdp": [], "hsdp": HSDP, "tp": TP2, "pp": PP2}  # each against its own reference
+# (PP2: 1F1B, 2 microbatches of 1 per schedule)
 RESHARDED = {  # the FSDP=2 checkpoint of step 5, resumed by other 2-process jobs
     "ac": [*CKPT, "--activation_checkpoint.mode", "full"],  # bitwise
     "hsdp_from_fsdp": [*CKPT, *HSDP],

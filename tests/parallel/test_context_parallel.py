@@ -16,10 +16,9 @@ backward, each stage's own RoPE table) on four processes. One torchrun launch pe
 
 import pytest
 from harness import FP32_PARITY_TOL, GRAD_NORM_RTOL, assert_close, launch, losses
+from layouts import CP2, PP2_MICROBATCHES, TP2, WHOLE
 
 TOL = FP32_PARITY_TOL  # class (b), reordered fp32 sums: derivation in tests/harness.py
-WHOLE = ["--training.local_batch_size", "4"]  # CP ranks share one batch: each reads all of it
-CP2 = ["--parallelism.context_parallel_degree", "2"]
 ALLTOALL = ["--parallelism.context_parallel_rotate_method", "alltoall"]
 NO_BALANCE = ["--parallelism.context_parallel_load_balancer", "none"]
 VALIDATE = ["--validation.enable", "true", "--validation.freq", "5", "--validation.steps", "2"]
@@ -39,9 +38,8 @@ def runs(corpus, tmp_path_factory):
     }, root / "two", corpus)
     four = launch(4, {
         "cp2_fsdp2": [*CP2, *VALIDATE],  # local batch 2 on each of 2 data-parallel ranks
-        "cp2_tp2": [*CP2, *WHOLE, "--parallelism.tensor_parallel_degree", "2", *VALIDATE],
-        "cp2_pp2": [*CP2, *WHOLE, "--parallelism.pipeline_parallel_degree", "2",
-                    "--parallelism.pipeline_parallel_microbatch_size", "1", *VALIDATE],
+        "cp2_tp2": [*CP2, *WHOLE, *TP2, *VALIDATE],
+        "cp2_pp2": [*CP2, *PP2_MICROBATCHES, *VALIDATE],
     }, root / "four", corpus)
     return {**one, **two, **four}
 

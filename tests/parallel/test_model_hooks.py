@@ -18,12 +18,11 @@ from pathlib import Path
 
 import pytest
 from harness import assert_close, launch_layouts, losses
+from layouts import PP2_MICROBATCHES as PP2
 
 TOL = 1e-5
 ZLOSS = ["--job.custom_import", str(Path(__file__).parent / "zloss_llama.py"),
          "--model.name", "llama3_zloss"]
-PP2 = ["--parallelism.pipeline_parallel_degree=2", "--training.local_batch_size=4",
-       "--parallelism.pipeline_parallel_microbatch_size=1"]
 FULL_AC = ["--activation_checkpoint.mode=full"]
 METRICS = ["aux_loss/z", "z/tokens", "z/max", "z/mean", "z/last_mean"]
 

@@ -22,6 +22,7 @@ more than that, or the corpus' samples held no document boundary and the cases p
 
 import pytest
 from harness import FP32_PARITY_TOL, assert_close, launch_layouts, losses
+from layouts import PP2_MICROBATCHES, TP2
 
 TOL = FP32_PARITY_TOL  # class (b), reordered fp32 sums: derivation in tests/harness.py
 SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
@@ -29,11 +30,9 @@ SCHEDULES = ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBu
 VALIDATION = ["--validation.enable=true", "--validation.freq=3", "--validation.steps=2"]
 # Global batch 4: with PP alone one schedule step of 4 microbatches of 1 sequence (the tiny
 # flavor's 4 layers make 2 stages of 2 layers, or 4 stages of 1 for 2 stages per rank).
-PP2 = ["--parallelism.pipeline_parallel_degree=2", "--training.local_batch_size=4",
-       "--parallelism.pipeline_parallel_microbatch_size=1", *VALIDATION]
+PP2 = [*PP2_MICROBATCHES, *VALIDATION]
 # With 2 data-parallel replicas, 2 sequences per rank: 2 microbatches per schedule step.
 PP2_DP2 = [*PP2, "--training.local_batch_size=2"]
-TP2 = "--parallelism.tensor_parallel_degree=2"
 BLOCK_CAUSAL = ["--model.attn_mask_type=block_causal", "--training.local_batch_size=4",
                 *VALIDATION]
 
@@ -58,15 +57,15 @@ LAYOUTS: dict[int, dict[str, list[str]]] = {
                                "tok_embeddings layers.0,layers.1 layers.2 layers.3 norm output"],
         "block_causal_pp2": [*PP2, *BLOCK_CAUSAL],
         "block_causal_fsdp2": [*BLOCK_CAUSAL, "--training.local_batch_size=2"],
-        "block_causal_tp2": [*BLOCK_CAUSAL, TP2],
+        "block_causal_tp2": [*BLOCK_CAUSAL, *TP2],
     },
     4: {
         "pp2_fsdp2": PP2_DP2,
         "pp2_fsdp2_ZBVZeroBubble": [*PP2_DP2, schedule("ZBVZeroBubble")],
-        "pp2_tp2": [*PP2, TP2],
-        "pp2_tp2_Interleaved1F1B": [*PP2, TP2, schedule("Interleaved1F1B")],
+        "pp2_tp2": [*PP2, *TP2],
+        "pp2_tp2_Interleaved1F1B": [*PP2, *TP2, schedule("Interleaved1F1B")],
     },
-    8: {"pp2_tp2_fsdp2": [*PP2_DP2, TP2]},
+    8: {"pp2_tp2_fsdp2": [*PP2_DP2, *TP2]},
 }
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from harness import assert_close, build_trainer, job_args, launch, losses, torchrun
+from layouts import TP2, WHOLE
 
 from torchtitan_like.config.errors import ConfigError
 
@@ -21,15 +22,14 @@ TOL = 1e-5
 MODELS = str(Path(__file__).parent / "plan_models.py")
 GATED = ["--job.custom_import", MODELS, "--model.name", "llama3_gated"]
 LAZY = ["--job.custom_import", MODELS, "--model.name", "llama3_lazy_plan"]
-TP2 = ["--parallelism.tensor_parallel_degree=2", "--training.local_batch_size=4"]
 
 
 @pytest.fixture(scope="module")
 def runs(corpus, tmp_path_factory):
     root = tmp_path_factory.mktemp("plan_toolkit")
-    results = launch(1, {"reference": [*GATED, "--training.local_batch_size=4"]}, root / "1",
+    results = launch(1, {"reference": [*GATED, *WHOLE]}, root / "1",
                      corpus)
-    results.update(launch(2, {"gated_tp2": [*GATED, *TP2]}, root / "2", corpus))
+    results.update(launch(2, {"gated_tp2": [*GATED, *TP2, *WHOLE]}, root / "2", corpus))
     return results
 
 
@@ -47,7 +47,8 @@ def test_a_plan_skipping_a_switch_is_refused(switch, named, corpus, tmp_path, on
 
 
 def test_a_plan_ignoring_tp_stops_the_job(corpus, tmp_path):
-    proc = torchrun(2, "-m", "torchtitan_like.train", *job_args([*LAZY, *TP2], tmp_path, corpus))
+    proc = torchrun(2, "-m", "torchtitan_like.train",
+                    *job_args([*LAZY, *TP2, *WHOLE], tmp_path, corpus))
     assert proc.returncode != 0
     assert ("config error: model 'llama3_lazy_plan': its parallelize_fn (ModelSpec) did not "
             "apply tensor parallelism to") in proc.stderr

@@ -23,16 +23,13 @@ gradients mixed), so a dropped style cannot pass silently either.
 import pytest
 import torch
 from harness import assert_close, launch, losses
+from layouts import CP2, EP2, ETP2, HSDP, PP2, TP2, WHOLE
 
 TOL = 1e-5
 FLOAT8_TOL = 1e-2
 DENSE = ["--model.name", "qwen3", "--model.flavor", "debugmodel"]
 MOE = ["--model.name", "qwen3", "--model.flavor", "debugmodel_moe"]
-WHOLE = ["--training.local_batch_size", "4"]
-TP2 = ["--parallelism.tensor_parallel_degree", "2"]
-CP2 = ["--parallelism.context_parallel_degree", "2"]
-PP2 = ["--parallelism.pipeline_parallel_degree", "2",
-       "--parallelism.pipeline_parallel_microbatch_size", "1"]
+PP2_MB1 = [*PP2, "--parallelism.pipeline_parallel_microbatch_size=1"]
 
 
 @pytest.fixture(scope="module")
@@ -47,20 +44,19 @@ def runs(corpus, tmp_path_factory):
         "dense_cp2_tp2": [*DENSE, *WHOLE, *CP2, *TP2],
         "dense_fsdp2_tp2_float8": [*DENSE, *TP2, "--float8.enable", "true",
                                    "--float8.emulate", "true"],
-        "moe_pp2_fsdp2": [*MOE, *PP2, "--training.local_batch_size", "2"],
-        "moe_hsdp2x2_ac": [*MOE, "--parallelism.data_parallel_replicate_degree", "2",
+        "moe_pp2_fsdp2": [*MOE, *PP2_MB1, "--training.local_batch_size", "2"],
+        "moe_hsdp2x2_ac": [*MOE, *HSDP,
                            "--training.local_batch_size", "1",
                            "--activation_checkpoint.mode", "full"],
         # FSDP 4 x EP 2: each rank computes 4 of the 8 experts, expert weights FSDP-sharded
         # over the 2 ranks that hold the same experts
-        "moe_fsdp4_ep2": [*MOE, "--training.local_batch_size", "1",
-                          "--parallelism.expert_parallel_degree", "2"],
+        "moe_fsdp4_ep2": [*MOE, "--training.local_batch_size", "1", *EP2],
         # CP 2 x FSDP 2, EP 2 borrowing from both: an all-to-all partner may be the rank
         # holding the other half of the same sequences; experts FSDP-sharded over 2 ranks
         # (measured 4.8e-7, default and avx2 kernels)
-        "moe_cp2_ep2": [*MOE, *CP2, "--parallelism.expert_parallel_degree", "2"],
+        "moe_cp2_ep2": [*MOE, *CP2, *EP2],
         # TP 2 x FSDP 2: attention split by heads, every expert by hidden features (ETP = TP)
-        "moe_fsdp2_tp2": [*MOE, *TP2, "--parallelism.expert_tensor_parallel_degree", "2"],
+        "moe_fsdp2_tp2": [*MOE, *TP2, *ETP2],
         # compiled blocks (q/k norms inside) under FSDP 4: fused kernels reorder fp32 sums
         "dense_fsdp4_compile": [*DENSE, "--training.local_batch_size", "1",
                                 "--compile.enable", "true", *cache],

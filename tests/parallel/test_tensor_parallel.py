@@ -24,9 +24,9 @@ from harness import (
     launch,
     losses,
 )
+from layouts import TP2, WHOLE
 
 TOL = FP32_PARITY_TOL  # class (b), reordered fp32 sums: derivation in tests/harness.py
-TP2 = ["--parallelism.tensor_parallel_degree", "2"]
 TIED = ["--job.custom_import", "tied_llama", "--model.name", "llama3_tied"]
 VALIDATE = ["--validation.enable", "true", "--validation.freq", "5", "--validation.steps", "2"]
 # Blockwise float8 needs local shards of 128-multiples: the debug model's widths (dim 256, FFN
@@ -38,20 +38,19 @@ BLOCKWISE = ["--float8.enable", "true", "--float8.recipe_name", "blockwise"]
 @pytest.fixture(scope="module")
 def runs(corpus, tmp_path_factory):
     root = tmp_path_factory.mktemp("tp")
-    whole = ["--training.local_batch_size", "4"]
     one = launch(1, {
-        "reference": [*whole, *VALIDATE],
-        "reference_tied": [*whole, *TIED],
-        "reference_wide": [*WIDE, *whole],
-        "reference_wide_blockwise": [*WIDE, *BLOCKWISE, *whole],
+        "reference": [*WHOLE, *VALIDATE],
+        "reference_tied": [*WHOLE, *TIED],
+        "reference_wide": [*WIDE, *WHOLE],
+        "reference_wide_blockwise": [*WIDE, *BLOCKWISE, *WHOLE],
     }, root / "one", corpus)
     two = launch(2, {  # TP=2 alone: both ranks read the whole batch
-        "tp2": [*TP2, *whole, *VALIDATE],
-        "tp2_no_loss_parallel": [*TP2, *whole, "--parallelism.disable_loss_parallel", "true"],
+        "tp2": [*TP2, *WHOLE, *VALIDATE],
+        "tp2_no_loss_parallel": [*TP2, *WHOLE, "--parallelism.disable_loss_parallel", "true"],
         "tp2_accumulation": [*TP2, *VALIDATE],  # local 2 of global 4: two microbatches
-        "tp2_selective_ac": [*TP2, *whole, "--activation_checkpoint.mode", "selective"],
-        "tp2_tied": [*TP2, *whole, *TIED],
-        "tp2_blockwise": [*WIDE, *BLOCKWISE, *TP2, *whole],
+        "tp2_selective_ac": [*TP2, *WHOLE, "--activation_checkpoint.mode", "selective"],
+        "tp2_tied": [*TP2, *WHOLE, *TIED],
+        "tp2_blockwise": [*WIDE, *BLOCKWISE, *TP2, *WHOLE],
         "fsdp2_blockwise": [*WIDE, *BLOCKWISE],
     }, root / "two", corpus)
     four = launch(4, {  # FSDP=2 x TP=2: local batch 2 on each of 2 data-parallel ranks

@@ -19,13 +19,13 @@ import shutil
 
 import pytest
 from harness import assert_close, launch, losses, write_corpus
+from layouts import HSDP, PP2
 
 from torchtitan_like.components.data.prepare import prepare
 
 TOL = 1e-5
 ONE = ["--training.local_batch_size", "4"]
-PP2 = ["--parallelism.pipeline_parallel_degree", "2"]
-HSDP = ["--parallelism.data_parallel_replicate_degree", "2", "--training.local_batch_size", "1"]
+HSDP_1 = [*HSDP, "--training.local_batch_size", "1"]
 SHUFFLE = ["--training.shuffle", "true"]
 WORKERS = ["--training.num_workers", "2"]
 CKPT = ["--checkpoint.enable", "true", "--checkpoint.interval", "3"]
@@ -57,8 +57,8 @@ def runs(corpus, tmp_path_factory):
         "resumed_one": [*tok, *SHUFFLE, *CKPT, *ONE],
     }, root / "one", corpus)
     four = launch(4, {
-        "hsdp_2x2": [*tok, *HSDP],
-        "resumed_hsdp_workers": [*tok, *SHUFFLE, *WORKERS, *CKPT, *HSDP],
+        "hsdp_2x2": [*tok, *HSDP_1],
+        "resumed_hsdp_workers": [*tok, *SHUFFLE, *WORKERS, *CKPT, *HSDP_1],
     }, root / "four", corpus)
     return {**two, **one, **four}
 

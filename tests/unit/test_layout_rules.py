@@ -14,6 +14,7 @@ import itertools
 import random
 
 import pytest
+from layouts import CP2, ETP2, TP2
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.manager import build_job_config
@@ -107,15 +108,12 @@ def test_the_rules_the_planner_used_to_get_wrong():
 
 
 MOE_BASE = ["--job.config_file", "train_configs/deepseek_v3_debug.toml"]
-CP2 = ["--parallelism.context_parallel_degree", "2"]
-TP2 = ["--parallelism.tensor_parallel_degree", "2",
-       "--parallelism.expert_tensor_parallel_degree", "2"]
 
 
 @pytest.mark.parametrize(("flavor", "dims", "accepted"), [
     ("debugmodel", CP2, True),  # MLA under CP: values padded for the ring
     ("debugmodel_aux", CP2, True),  # whole-sequence expert counts summed over the CP ranks
-    ("debugmodel_aux", TP2, True),  # each TP rank adds 1/tp of the aux gradient
+    ("debugmodel_aux", [*TP2, *ETP2], True),  # each TP rank adds 1/tp of the aux gradient
 ])
 def test_runtime_and_planner_agree_on_moe_layouts(flavor, dims, accepted):
     args = [*MOE_BASE, "--model.flavor", flavor, *dims]

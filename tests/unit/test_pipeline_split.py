@@ -4,17 +4,18 @@ import itertools
 
 import pytest
 import torch
+from layouts import PP2
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed import pipeline
 from torchtitan_like.models.llama3 import Transformer, llama3_flavors, pipeline_llama
 from torchtitan_like.validate import parse_args
 
-PP2 = ["--model.flavor=tiny", "--parallelism.pipeline_parallel_degree=2"]
+TINY_PP2 = ["--model.flavor=tiny", *PP2]
 
 
 def pp_config(*args: str, world_size: int = 2):
-    return parse_args([*PP2, *args], world_size)
+    return parse_args([*TINY_PP2, *args], world_size)
 
 
 def brute_force_heaviest(n_layers, n_stages, first, last):
