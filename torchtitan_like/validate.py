@@ -29,7 +29,7 @@ from torchtitan_like.components.output_paths import check_output_paths
 from torchtitan_like.components.spikes import validate_spike
 from torchtitan_like.components.trackers import validate_trackers
 from torchtitan_like.config.custom_sections import validate_custom_sections
-from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.config.errors import ConfigError, require
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.config.manager import (
     build_job_config,
@@ -50,11 +50,6 @@ from torchtitan_like.models.registry import check_supported_dims, model_spec_and
 from torchtitan_like.models.stage_inputs import check_stage_inputs
 
 
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ConfigError(message)
-
-
 def grad_accumulation_steps(config: JobConfig, dp_degree: int) -> int:
     """Microbatches per optimizer step on each rank: global / (local x dp)."""
     t = config.training
@@ -64,15 +59,15 @@ def grad_accumulation_steps(config: JobConfig, dp_degree: int) -> int:
 def _validate_numbers(config: JobConfig) -> None:
     """Numbers whose valid values are not one range (simple ranges: ``ranged`` fields)."""
     t, s = config.training, config.lr_scheduler
-    _require(t.global_batch_size == -1 or t.global_batch_size >= 1,
-             f"[training] global_batch_size = {t.global_batch_size}: must be >= 1 or -1")
-    _require(t.holdout_every >= 0 and t.holdout_every != 1,
-             f"[training] holdout_every = {t.holdout_every}: must be 0 (off) or >= 2")
-    _require(s.decay_ratio == -1 or 0 <= s.decay_ratio <= 1,
-             f"[lr_scheduler] decay_ratio = {s.decay_ratio}: must be in [0, 1] or -1")
+    require(t.global_batch_size == -1 or t.global_batch_size >= 1,
+            f"[training] global_batch_size = {t.global_batch_size}: must be >= 1 or -1")
+    require(t.holdout_every >= 0 and t.holdout_every != 1,
+            f"[training] holdout_every = {t.holdout_every}: must be 0 (off) or >= 2")
+    require(s.decay_ratio == -1 or 0 <= s.decay_ratio <= 1,
+            f"[lr_scheduler] decay_ratio = {s.decay_ratio}: must be in [0, 1] or -1")
     if config.validation.enable:
-        _require(t.holdout_every > 0,
-                 "[validation] enable needs a held-out split: set [training] holdout_every >= 2")
+        require(t.holdout_every > 0,
+                "[validation] enable needs a held-out split: set [training] holdout_every >= 2")
 
 
 def validate(config: JobConfig, world_size: int) -> None:
@@ -99,15 +94,15 @@ def validate(config: JobConfig, world_size: int) -> None:
     moe_low_precision.validate(config, device_type(), parallel_dims, lambda: spec.model_cls(args))
     context_parallel.validate(config, parallel_dims, spec.context_parallel_buffers is not None)
     if parallel_dims.pp > 1:
-        _require(spec.pipelining_fn is not None,
-                 f"[model] name {spec.name!r} has no pipeline split (ModelSpec.pipelining_fn); "
-                 "set [parallelism] pipeline_parallel_degree = 1")
+        require(spec.pipelining_fn is not None,
+                f"[model] name {spec.name!r} has no pipeline split (ModelSpec.pipelining_fn); "
+                "set [parallelism] pipeline_parallel_degree = 1")
         validate_pipeline(config)
     args.validate(config, parallel_dims)
 
     tokenizer = build_tokenizer(config.model.tokenizer_path)
     vocab = getattr(args, "vocab_size", None)
-    _require(
+    require(
         vocab is None or tokenizer.vocab_size <= vocab,
         f"the tokenizer has {tokenizer.vocab_size} tokens but [model] flavor "
         f"{config.model.flavor} only {vocab} embeddings; choose a larger flavor or tokenizer",

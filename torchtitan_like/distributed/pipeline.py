@@ -64,7 +64,7 @@ from torch.distributed.pipelining.schedules import (
     get_schedule_class,
 )
 
-from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.config.errors import require
 from torchtitan_like.config.job_config import JobConfig, Parallelism
 from torchtitan_like.distributed import layout_rules
 from torchtitan_like.logging import logger
@@ -107,29 +107,24 @@ def num_microbatches(config: JobConfig) -> int:
     return config.training.local_batch_size // config.parallelism.pipeline_parallel_microbatch_size
 
 
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ConfigError(message)
-
-
 def validate_pipeline(config: JobConfig) -> None:
     """The schedule-level checks of a PP job (the split itself is checked by the model's
     ``module_fqns_per_stage``): stages per rank for the schedule, microbatches for torch."""
     p, t = config.parallelism, config.training
     pp, schedule = p.pipeline_parallel_degree, p.pipeline_parallel_schedule
     fqns = p.pipeline_parallel_module_fqns_per_stage
-    _require(p.pipeline_parallel_stages_per_rank >= 0,
-             "[parallelism] pipeline_parallel_stages_per_rank: must be >= 1 (or 0 = automatic)")
-    _require(p.pipeline_parallel_embedding_weight >= 0 and p.pipeline_parallel_output_weight >= 0,
-             "[parallelism] pipeline_parallel_embedding_weight and _output_weight: must be >= 0")
+    require(p.pipeline_parallel_stages_per_rank >= 0,
+            "[parallelism] pipeline_parallel_stages_per_rank: must be >= 1 (or 0 = automatic)")
+    require(p.pipeline_parallel_embedding_weight >= 0 and p.pipeline_parallel_output_weight >= 0,
+            "[parallelism] pipeline_parallel_embedding_weight and _output_weight: must be >= 0")
     if fqns:
-        _require(len(fqns) % pp == 0,
-                 f"[parallelism] pipeline_parallel_module_fqns_per_stage lists {len(fqns)} "
-                 f"stages: must be a multiple of pipeline_parallel_degree = {pp} (stages per rank)")
-        _require(p.pipeline_parallel_stages_per_rank in (0, len(fqns) // pp),
-                 f"[parallelism] pipeline_parallel_stages_per_rank = "
-                 f"{p.pipeline_parallel_stages_per_rank} contradicts the {len(fqns)} stages of "
-                 f"pipeline_parallel_module_fqns_per_stage over {pp} ranks; set it to 0")
+        require(len(fqns) % pp == 0,
+                f"[parallelism] pipeline_parallel_module_fqns_per_stage lists {len(fqns)} "
+                f"stages: must be a multiple of pipeline_parallel_degree = {pp} (stages per rank)")
+        require(p.pipeline_parallel_stages_per_rank in (0, len(fqns) // pp),
+                f"[parallelism] pipeline_parallel_stages_per_rank = "
+                f"{p.pipeline_parallel_stages_per_rank} contradicts the {len(fqns)} stages of "
+                f"pipeline_parallel_module_fqns_per_stage over {pp} ranks; set it to 0")
     v = stages_per_rank(p)
     layout_rules.check_stages_per_rank(schedule, v, is_single_stage(schedule))
     where = f"[parallelism] pipeline_parallel_schedule = {schedule!r}"
@@ -138,14 +133,14 @@ def validate_pipeline(config: JobConfig) -> None:
         split = (f"{where} splits each backward into input- and weight-gradient passes "
                  "(two backward calls through one graph)")
         other = "or a schedule without the split (GPipe, 1F1B, Interleaved1F1B, LoopedBFS)"
-        _require(not (ac.mode == "selective" and ac.selective_ac_option == "op"),
-                 f"{split}, but op-level selective activation checkpointing allows one backward "
-                 "per region; use [activation_checkpoint] mode = full or selective_ac_option = "
-                 f"N, {other}")
-        _require(not compile_.compiles_blocks,
-                 f"{split}, which compiled blocks do not support (torch 2.13 refuses the second "
-                 "call, and with donated buffers off the weight gradients come out wrong); "
-                 f"remove model from [compile] components, {other}")
+        require(not (ac.mode == "selective" and ac.selective_ac_option == "op"),
+                f"{split}, but op-level selective activation checkpointing allows one backward "
+                "per region; use [activation_checkpoint] mode = full or selective_ac_option = "
+                f"N, {other}")
+        require(not compile_.compiles_blocks,
+                f"{split}, which compiled blocks do not support (torch 2.13 refuses the second "
+                "call, and with donated buffers off the weight gradients come out wrong); "
+                f"remove model from [compile] components, {other}")
 
     layout_rules.check_microbatches(pp, v, schedule, t.local_batch_size,
                                     p.pipeline_parallel_microbatch_size)
@@ -203,16 +198,16 @@ def module_fqns_per_stage(
     order = [*first, *(f"{blocks}.{i}" for i in range(n_layers)), *last]
     explicit = [entry.split() for entry in p.pipeline_parallel_module_fqns_per_stage]
     if explicit:
-        _require(all(explicit) and [m for stage in explicit for m in stage] == order,
-                 "[parallelism] pipeline_parallel_module_fqns_per_stage must list every module "
-                 f"once, in model order, no stage empty: {' '.join(order)}; got "
-                 + " | ".join(" ".join(stage) for stage in explicit))
+        require(all(explicit) and [m for stage in explicit for m in stage] == order,
+                "[parallelism] pipeline_parallel_module_fqns_per_stage must list every module "
+                f"once, in model order, no stage empty: {' '.join(order)}; got "
+                + " | ".join(" ".join(stage) for stage in explicit))
         return explicit
     n = num_stages(p)
-    _require(n_layers >= n,
-             f"{n_layers} layers cannot fill {n} pipeline stages (pipeline_parallel_degree "
-             f"{p.pipeline_parallel_degree} x {stages_per_rank(p)} stages per rank); lower "
-             "either, or choose a deeper [model] flavor")
+    require(n_layers >= n,
+            f"{n_layers} layers cannot fill {n} pipeline stages (pipeline_parallel_degree "
+            f"{p.pipeline_parallel_degree} x {stages_per_rank(p)} stages per rank); lower "
+            "either, or choose a deeper [model] flavor")
     sizes = balance_layers(n_layers, n, p.pipeline_parallel_embedding_weight,
                            p.pipeline_parallel_output_weight)
     stages, start = [], 0
