@@ -24,29 +24,29 @@ NO_BALANCE = ["--parallelism.context_parallel_load_balancer", "none"]
 VALIDATE = ["--validation.enable", "true", "--validation.freq", "5", "--validation.steps", "2"]
 
 
+TWO = {
+    "cp2_allgather_headtail": [*CP2, *WHOLE, *VALIDATE],
+    "cp2_alltoall_headtail": [*CP2, *WHOLE, *ALLTOALL],
+    "cp2_allgather_none": [*CP2, *WHOLE, *NO_BALANCE],
+    "cp2_alltoall_none": [*CP2, *WHOLE, *ALLTOALL, *NO_BALANCE],
+    "cp2_accumulation": [*CP2, *VALIDATE],  # local 2 of global 4: two microbatches
+    "cp2_selective_ac": [*CP2, *WHOLE, "--activation_checkpoint.mode", "selective"],
+}
+FOUR = {
+    "cp2_fsdp2": [*CP2, *VALIDATE],  # local batch 2 on each of 2 data-parallel ranks
+    "cp2_tp2": [*CP2, *WHOLE, *TP2, *VALIDATE],
+    "cp2_pp2": [*CP2, *PP2_MICROBATCHES, *VALIDATE],
+}
+CASES = [*TWO, *FOUR]  # every case, each against the one-process reference
+
+
 @pytest.fixture(scope="module")
 def runs(corpus, tmp_path_factory):
     root = tmp_path_factory.mktemp("cp")
     one = launch(1, {"reference": [*WHOLE, *VALIDATE]}, root / "one", corpus)
-    two = launch(2, {
-        "cp2_allgather_headtail": [*CP2, *WHOLE, *VALIDATE],
-        "cp2_alltoall_headtail": [*CP2, *WHOLE, *ALLTOALL],
-        "cp2_allgather_none": [*CP2, *WHOLE, *NO_BALANCE],
-        "cp2_alltoall_none": [*CP2, *WHOLE, *ALLTOALL, *NO_BALANCE],
-        "cp2_accumulation": [*CP2, *VALIDATE],  # local 2 of global 4: two microbatches
-        "cp2_selective_ac": [*CP2, *WHOLE, "--activation_checkpoint.mode", "selective"],
-    }, root / "two", corpus)
-    four = launch(4, {
-        "cp2_fsdp2": [*CP2, *VALIDATE],  # local batch 2 on each of 2 data-parallel ranks
-        "cp2_tp2": [*CP2, *WHOLE, *TP2, *VALIDATE],
-        "cp2_pp2": [*CP2, *PP2_MICROBATCHES, *VALIDATE],
-    }, root / "four", corpus)
+    two = launch(2, TWO, root / "two", corpus)
+    four = launch(4, FOUR, root / "four", corpus)
     return {**one, **two, **four}
-
-
-CASES = ["cp2_allgather_headtail", "cp2_alltoall_headtail", "cp2_allgather_none",
-         "cp2_alltoall_none", "cp2_accumulation", "cp2_selective_ac", "cp2_fsdp2", "cp2_tp2",
-         "cp2_pp2"]
 
 
 def grad_norms(records: list[dict]) -> list[float]:
