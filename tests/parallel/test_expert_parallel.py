@@ -156,6 +156,11 @@ MTP_TWO = {
     "ep2_mtp": ep(2, *MTP),  # the MTP block's experts sharded over EP too
     "fsdp2_mtp": [*MOE, *MTP],  # the MTP depth its own FSDP unit, sharing embedding and head
     "tp2_mtp": [*MOE, *TP2_ETP2, *MTP],  # its norms and projection sequence parallel
+    # PP 2 (1F1B, 4 microbatches): the MTP depth on the last stage with its copy of the
+    # embedding (tied across stages), the token ids and labels as stage inputs
+    "pp2_mtp": [*MOE, *MTP, "--parallelism.pipeline_parallel_degree", "2",
+                "--training.local_batch_size", "4",
+                "--parallelism.pipeline_parallel_microbatch_size", "1"],
 }
 """Dense linears in emulated blockwise float8 (components/blockwise_fp8.py): MLA's wo and the
 dense block's SwiGLU (the other widths are not 128-multiples)."""
