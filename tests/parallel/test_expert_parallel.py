@@ -376,8 +376,21 @@ def test_mtp_with_zero_weight_trains_as_without_it(runs):
 
 @pytest.mark.parametrize("case", list(MTP_TWO))
 def test_mtp_matches_one_process(runs, case):
-    """The main loss and the MTP metric (aux_loss/mtp_ce) under EP 2, FSDP 2 and TP 2 against
-    one process: fp32 sums in another order, class (b) of tests/harness.py."""
+    """The main loss and the MTP metric (aux_loss/mtp_ce) under EP 2, FSDP 2, TP 2 and PP 2
+    against one process: fp32 sums in another order, class (b) of tests/harness.py.
+
+    PP 2 (1F1B, 4 microbatches of one sequence): the depth on the last stage computes the
+    terms of one process from the same token ids and labels (stage inputs, cut into the same
+    microbatches); each microbatch's CE and MTP sums are divided by the step's global token
+    count before they are added, so the step's loss and metric sum the same fp32 terms in
+    microbatch order, and every gradient accumulates per microbatch instead of once over the
+    batch. The embedding's gradient is the one-process sum split in two: the trunk's lookups on
+    the first stage, the MTP lookups on the last stage's copy, added by the tied weights'
+    all-reduce (distributed/tied_weights.py) where autograd adds them in one process: two
+    fp32 partials, one rounding either way. Both copies then take the same Adam step. Nothing
+    in the path has a coarse grid to flip across (fp32 throughout), so the bound is
+    FP32_PARITY_TOL (1e-5 = 10 ulps at losses ~8 over 3 steps); measured 9.5e-7 (loss) and
+    6e-7 (mtp_ce); a lost tied-gradient half or a misaligned target moves them by > 1e-3."""
     records, _ = runs
     for key in ("loss", "aux_loss/mtp_ce", "aux_loss/mtp"):
         ours = [r[key] for r in records[case] if "loss" in r]
