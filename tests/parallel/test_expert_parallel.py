@@ -391,8 +391,9 @@ def test_mtp_matches_one_process(runs, case):
     in the path has a coarse grid to flip across (fp32 throughout), so the bound is
     FP32_PARITY_TOL (1e-5 = 10 ulps at losses ~8 over 3 steps); measured 9.5e-7 (loss) and
     6e-7 (mtp_ce). Measured by breaking it: without the tied all-reduce (the MTP half of the
-    embedding's gradient lost on the first stage) the loss moves by 6.1e-5 and 1.8e-4 at steps
-    2-3 and mtp_ce by 1.5e-3 and 4.0e-3; targets one label off move mtp_ce by 0.25 at step 1."""
+    gradient left out of the first stage's copy, the trunk's out of the last's) the loss moves
+    by 6.1e-5 and 1.8e-4 at steps 2-3 and mtp_ce by 1.5e-3 and 4.0e-3; targets one label off
+    move mtp_ce by 0.25 at step 1."""
     records, _ = runs
     for key in ("loss", "aux_loss/mtp_ce", "aux_loss/mtp"):
         ours = [r[key] for r in records[case] if "loss" in r]
