@@ -150,6 +150,8 @@ MXFP8_TWO = {
     "fsdp2_mxfp8": [*MOE, *MXFP8],  # EP 1: the wrapped experts FSDP-sharded over the 2 ranks
 }
 BLOCKWISE = ["--float8.enable", "true", "--float8.recipe_name", "blockwise"]
+"""Dense linears in emulated blockwise float8 (components/blockwise_fp8.py): MLA's wo and the
+dense block's SwiGLU (the other widths are not 128-multiples)."""
 MTP = ["--model.overrides.mtp_depth", "1"]
 """DeepSeek-V3's multi-token prediction, one depth (an MoE block), lambda 0.3."""
 MTP_TWO = {
@@ -162,8 +164,10 @@ MTP_TWO = {
                 "--training.local_batch_size", "4",
                 "--parallelism.pipeline_parallel_microbatch_size", "1"],
 }
-"""Dense linears in emulated blockwise float8 (components/blockwise_fp8.py): MLA's wo and the
-dense block's SwiGLU (the other widths are not 128-multiples)."""
+MTP_FOUR = {  # PP 2 x TP 2: the last stage's copy of the embedding split as the first's
+    "pp2_tp2_mtp": [*MOE, *TP2_ETP2, *MTP, "--parallelism.pipeline_parallel_degree", "2",
+                    "--parallelism.pipeline_parallel_microbatch_size", "1"],
+}
 
 
 def read_biases(folder: Path) -> list[list[list[float]]]:
@@ -207,7 +211,7 @@ def runs(corpus, tmp_path_factory):
                      "tp2_etp2_compile": [*MOE, *TP2_ETP2, *compiled], **MXFP8_TWO,
                      "ep2_blockwise": ep(2, *BLOCKWISE), **MTP_TWO},
                  root / "two", corpus, worker=WORKER)
-    four = launch(4, FOUR, root / "four", corpus, worker=WORKER)
+    four = launch(4, {**FOUR, **MTP_FOUR}, root / "four", corpus, worker=WORKER)
     copy_checkpoint(root / "two" / "ep2", root / "one" / "one_from_ep2")
     back = launch(1, {"one_from_ep2": [*MOE, *SAVE]}, root / "one", corpus, worker=WORKER)
     biases = {name: read_biases(root / folder / name)
@@ -374,10 +378,11 @@ def test_mtp_with_zero_weight_trains_as_without_it(runs):
     assert losses(records["reference_mtp"]) != losses(records["reference"])
 
 
-@pytest.mark.parametrize("case", list(MTP_TWO))
+@pytest.mark.parametrize("case", [*MTP_TWO, *MTP_FOUR])
 def test_mtp_matches_one_process(runs, case):
-    """The main loss and the MTP metric (aux_loss/mtp_ce) under EP 2, FSDP 2, TP 2 and PP 2
-    against one process: fp32 sums in another order, class (b) of tests/harness.py.
+    """The main loss and the MTP metric (aux_loss/mtp_ce) under EP 2, FSDP 2, TP 2, PP 2 and
+    PP 2 x TP 2 against one process: fp32 sums in another order, class (b) of
+    tests/harness.py.
 
     PP 2 (1F1B, 4 microbatches of one sequence): the depth on the last stage computes the
     terms of one process from the same token ids and labels (stage inputs, cut into the same
@@ -387,7 +392,9 @@ def test_mtp_matches_one_process(runs, case):
     batch. The embedding's gradient is the one-process sum split in two: the trunk's lookups on
     the first stage, the MTP lookups on the last stage's copy, added by the tied weights'
     all-reduce (distributed/tied_weights.py) where autograd adds them in one process: two
-    fp32 partials, one rounding either way. Both copies then take the same Adam step. Nothing
+    fp32 partials, one rounding either way. Both copies then take the same Adam step. Under
+    PP 2 x TP 2 both copies are split by vocabulary rows alike (the tied weights' layout
+    check), so each TP rank's all-reduce adds the same rows' halves; TP adds class (b) sums. Nothing
     in the path has a coarse grid to flip across (fp32 throughout), so the bound is
     FP32_PARITY_TOL (1e-5 = 10 ulps at losses ~8 over 3 steps); measured 9.5e-7 (loss) and
     6e-7 (mtp_ce). Measured by breaking it: without the tied all-reduce (the MTP half of the
