@@ -111,11 +111,18 @@ CP2 = ["--parallelism.context_parallel_degree", "2"]
 TP2 = ["--parallelism.tensor_parallel_degree", "2",
        "--parallelism.expert_tensor_parallel_degree", "2"]
 
+MTP = ["--model.overrides.mtp_depth", "1"]
+PP2 = ["--parallelism.pipeline_parallel_degree", "2", "--training.local_batch_size", "2",
+       "--parallelism.pipeline_parallel_microbatch_size", "1"]
+
 
 @pytest.mark.parametrize(("flavor", "dims", "accepted"), [
     ("debugmodel", CP2, True),  # MLA under CP: values padded for the ring
     ("debugmodel_aux", CP2, True),  # whole-sequence expert counts summed over the CP ranks
     ("debugmodel_aux", TP2, True),  # each TP rank adds 1/tp of the aux gradient
+    ("debugmodel", [*MTP, *CP2], False),  # MTP shifts whole sequences: not under CP
+    ("debugmodel", [*MTP, "--compile.enable", "true"], False),  # nor beside compiled blocks
+    ("debugmodel", [*MTP, *PP2], True),  # on the last stage, the embedding tied to it
 ])
 def test_runtime_and_planner_agree_on_moe_layouts(flavor, dims, accepted):
     args = [*MOE_BASE, "--model.flavor", flavor, *dims]
