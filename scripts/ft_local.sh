@@ -14,7 +14,7 @@
 #
 # A group ending with a failure that would repeat (exit codes 2-6: config, diverged, checkpoint,
 # data, dump folder in use) is not started again. Ends with the first group's exit code.
-set -uo pipefail
+set -euo pipefail  # (ensure_env.sh sets it too): failures are caught with || below
 source "$(dirname "$0")/user_paths.sh"
 user_args "$@"
 logs="$(user_path "${FT_LOGS:-outputs/ft_logs}")"
@@ -37,10 +37,10 @@ export TORCHFT_LIGHTHOUSE="http://127.0.0.1:$port" NPROC="${NPROC:-1}" PYTHON
 run_group() {  # replica id; restarts a group that failed, with --job.overwrite (its folder's
   local id=$1 tries=0 code again=()  # earlier outputs are archived unless it resumes)
   while true; do
+    code=0
     ./run_train.sh --fault_tolerance.enable=true --fault_tolerance.replica_id="$id" \
       --fault_tolerance.group_size="$groups" --fault_tolerance.manager_hostname=localhost \
-      "${USER_ARGS[@]}" "${again[@]}"
-    code=$?
+      "${USER_ARGS[@]}" "${again[@]}" || code=$?
     if [[ $code -eq 0 || ( $code -ge 2 && $code -le 6 ) || $tries -ge ${FT_RESTARTS:-3} ]]; then
       return "$code"
     fi
@@ -57,7 +57,8 @@ for ((i = 0; i < groups; i++)); do
 done
 first=0
 for i in "${!pids[@]}"; do
-  wait "${pids[$i]}"; code=$?
+  code=0
+  wait "${pids[$i]}" || code=$?
   [[ $i -eq 0 ]] && first=$code
   echo "replica group $i ended with exit $code"
 done

@@ -344,7 +344,7 @@ class Trainer:
             raise
         self.checkpointer.close()
         if (self.config.checkpoint.last_save_in_hf and dist.get_rank() == 0
-                and not self.spikes.holds_checkpoint(self.step)):
+                and self.ft.saves_checkpoints and not self.spikes.holds_checkpoint(self.step)):
             export_last_save(self.config, self.checkpointer.folder, self.step)
         self.metrics.close()
         self.profiler.close()

@@ -171,6 +171,7 @@ class ReplicaGroups(SingleGroup):
         self.manager.load_state_dict({"step": step, "batches_committed": 0})
         self.participants, self.committed, self.healed = 0, True, False
         self.heal_record: dict[str, float] = {}
+        self.first_step = True
         self.received_mib = 0.0
 
     def _local_state(self) -> dict[str, dict[str, Any]]:
@@ -198,8 +199,9 @@ class ReplicaGroups(SingleGroup):
         start = time.perf_counter()
         self.manager.start_quorum()  # synchronous: heals here when behind
         self.participants = self.manager.num_participants()
-        if self.manager.current_step() == 0 and self.participants < self.group_size:
+        if self.first_step and not self.healed and self.participants < self.group_size:
             self._wait_for_all_groups()
+        self.first_step = False
         if self.healed:
             seconds = time.perf_counter() - start
             self.heal_record = {"heal_seconds": seconds, "heal_mib": self.received_mib}
@@ -209,9 +211,11 @@ class ReplicaGroups(SingleGroup):
         return self.healed
 
     def _wait_for_all_groups(self, poll_s: float = 0.2) -> None:
-        """A fresh job's first step waits (up to the quorum timeout) for all ``group_size``
-        groups: a group that started first would otherwise train steps alone, on data the
-        others then never see. Later steps take whoever is alive."""
+        """A job's first step (a fresh start, or a whole-job restart from a checkpoint: no
+        live group is ahead to heal from) waits, up to the quorum timeout, for all
+        ``group_size`` groups: a group that started first would otherwise train steps alone,
+        on data the others then never see, and a restart would not be exact. Later steps,
+        and a group rejoining a running job, take whoever is alive."""
         deadline = time.monotonic() + self.start_timeout_s
         while self.participants < self.group_size and time.monotonic() < deadline:
             time.sleep(poll_s)
