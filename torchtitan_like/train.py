@@ -21,12 +21,11 @@ import torch
 import torch.distributed as dist
 
 from torchtitan_like.components import run_folder
-from torchtitan_like.components.checkpoint import CheckpointError, CheckpointManager
+from torchtitan_like.components.checkpoint import CheckpointManager
 from torchtitan_like.components.checkpoint.folder import finished_run
 from torchtitan_like.components.converters import build_converters
 from torchtitan_like.components.data.checks import describe_data
 from torchtitan_like.components.data.dataloader import build_dataloader, data_epoch
-from torchtitan_like.components.data.sources import DataError
 from torchtitan_like.components.data.tokenized import report_mixture
 from torchtitan_like.components.data.tokenizer import build_tokenizer
 from torchtitan_like.components.fault_injection import FaultInjector
@@ -35,7 +34,6 @@ from torchtitan_like.components.lr_scheduler import LRSchedulersContainer
 from torchtitan_like.components.metrics import MetricsLogger, peak_tflops
 from torchtitan_like.components.optimizer import OptimizersContainer
 from torchtitan_like.components.profiling import Profiler
-from torchtitan_like.components.run_folder import DumpFolderInUse
 from torchtitan_like.components.run_summary import describe_run
 from torchtitan_like.components.spikes import SpikeDetector, TrainingDiverged
 from torchtitan_like.components.stragglers import StepClock
@@ -51,6 +49,7 @@ from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.plan_check import check_plan_applied, checked_loss
 from torchtitan_like.distributed.tied_weights import TiedWeights, tied_aliases
 from torchtitan_like.exit_codes import ExitCode
+from torchtitan_like.failure_report import report_failure
 from torchtitan_like.logging import init_logger, logger
 from torchtitan_like.models import stage_inputs
 from torchtitan_like.models.registry import model_spec_and_args
@@ -435,34 +434,6 @@ def _nothing_left_to_do(config: JobConfig) -> str | None:
         return None
     return finished_run(Path(config.job.dump_folder) / c.folder, c.load_step,
                         config.training.steps)
-
-
-EXPECTED_FAILURES: tuple[tuple[type[BaseException], str, ExitCode], ...] = (
-    (ConfigError, "config error", ExitCode.CONFIG),  # incl. what only the built model shows
-    (TrainingDiverged, "training diverged", ExitCode.DIVERGED),
-    (CheckpointError, "checkpoint error", ExitCode.CHECKPOINT),
-    (DataError, "data error", ExitCode.DATA),
-    (DumpFolderInUse, "dump folder in use", ExitCode.FOLDER_IN_USE),
-)
-"""Failures the job understands: one line ``<prefix>: <message>`` and their own exit code."""
-
-
-def report_failure(error: BaseException) -> int:
-    """Say why the job failed (one line, or the traceback of an unexpected error), leave the
-    line for the launcher (distributed/lifecycle.py), and return the exit code."""
-    if isinstance(error, SystemExit):  # --help, --print_config, a module that exits
-        return 0 if error.code is None else error.code if isinstance(error.code, int) else 1
-    known = [(prefix, code) for kind, prefix, code in EXPECTED_FAILURES if isinstance(error, kind)]
-    if known:
-        prefix, code = known[0]
-        line = f"{prefix}: {error}"
-        logger.error(line)
-    else:
-        logger.error("the job failed:", exc_info=error)
-        line = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
-        code = ExitCode.FAILED
-    lifecycle.record_failure(code, line)
-    return code
 
 
 def run(argv: list[str], trainer_cls: type[Trainer] | None = None) -> int:
