@@ -6,6 +6,6 @@ set -euo pipefail
 # GPU, and the parity bounds are derived for fp32 CPU kernels (tests/conftest.py hides them too).
 export CUDA_VISIBLE_DEVICES=""
 cd "$(dirname "$0")"
-TT_EXTRAS="${TT_EXTRAS:-dev,hf,parquet,plot,wandb,mlflow}" source scripts/ensure_env.sh
+TT_EXTRAS="${TT_EXTRAS:-dev,hf,parquet,plot,wandb,mlflow,ft}" source scripts/ensure_env.sh
 "$PYTHON" -m ruff check .
 exec "$PYTHON" -m pytest -q "$@"

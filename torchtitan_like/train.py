@@ -21,12 +21,11 @@ import torch
 import torch.distributed as dist
 
 from torchtitan_like.components import run_folder
-from torchtitan_like.components.checkpoint import CheckpointError, CheckpointManager
+from torchtitan_like.components.checkpoint import CheckpointManager
 from torchtitan_like.components.checkpoint.folder import finished_run
 from torchtitan_like.components.converters import build_converters
 from torchtitan_like.components.data.checks import describe_data
 from torchtitan_like.components.data.dataloader import build_dataloader, data_epoch
-from torchtitan_like.components.data.sources import DataError
 from torchtitan_like.components.data.tokenized import report_mixture
 from torchtitan_like.components.data.tokenizer import build_tokenizer
 from torchtitan_like.components.fault_injection import FaultInjector
@@ -35,7 +34,6 @@ from torchtitan_like.components.lr_scheduler import LRSchedulersContainer
 from torchtitan_like.components.metrics import MetricsLogger, peak_tflops
 from torchtitan_like.components.optimizer import OptimizersContainer
 from torchtitan_like.components.profiling import Profiler
-from torchtitan_like.components.run_folder import DumpFolderInUse
 from torchtitan_like.components.run_summary import describe_run
 from torchtitan_like.components.spikes import SpikeDetector, TrainingDiverged
 from torchtitan_like.components.stragglers import StepClock
@@ -44,13 +42,14 @@ from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.config.manager import did_you_mean, import_user_module, to_toml
-from torchtitan_like.distributed import context_parallel, lifecycle, pipeline
+from torchtitan_like.distributed import context_parallel, fault_tolerance, lifecycle, pipeline
 from torchtitan_like.distributed import utils as dist_utils
 from torchtitan_like.distributed.compile import maybe_compile_loss, set_inductor_cache
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.plan_check import check_plan_applied, checked_loss
 from torchtitan_like.distributed.tied_weights import TiedWeights, tied_aliases
 from torchtitan_like.exit_codes import ExitCode
+from torchtitan_like.failure_report import report_failure
 from torchtitan_like.logging import init_logger, logger
 from torchtitan_like.models import stage_inputs
 from torchtitan_like.models.registry import model_spec_and_args
@@ -109,10 +108,10 @@ class Trainer:
         # 2. Data for this rank's data-parallel index.
         self.tokenizer = build_tokenizer(config.model.tokenizer_path)
         self.dp_rank = self.meshes.dp.get_local_rank()
-        self.dataloader = build_dataloader(
-            training, self.tokenizer, dp_rank=self.dp_rank, dp_degree=self.parallel_dims.dp,
-            seed=config.debug.seed,
-        )
+        data_rank, data_degree = fault_tolerance.data_share(config, self.dp_rank,
+                                                            self.parallel_dims.dp)
+        self.dataloader = build_dataloader(training, self.tokenizer, dp_rank=data_rank,
+                                           dp_degree=data_degree, seed=config.debug.seed)
         self.grad_accumulation_steps = grad_accumulation_steps(config, self.parallel_dims.dp)
         tokenizer = config.model.tokenizer_path or "byte-level"
         self.data_text = (f"{describe_data(training)}; tokenizer {tokenizer} "
@@ -188,6 +187,7 @@ class Trainer:
             tied_aliases=self.tied.aliases,
         )
         self.checkpointer.load()
+        self.ft = fault_tolerance.build(config, self.checkpointer.states, self.step, self.device)
 
     def _build_metrics_and_contexts(self, config: JobConfig, spec: ModelSpec) -> None:
         # 10. Metrics (a resumed run continues its metrics.jsonl), autocast, CP, profiler.
@@ -259,14 +259,15 @@ class Trainer:
     def train_step(self, microbatches: list[Batch]) -> tuple[torch.Tensor, float]:
         self.optimizers.zero_grad()
         labelled = sum(count_labelled_tokens(labels) for _, labels in microbatches)
-        global_tokens = self.faults.spike(
-            self.step, dist_utils.all_reduce_sum(labelled.to(self.device), self.meshes.dp))
+        global_tokens = self.faults.spike(self.step, self.ft.sum_over_groups(
+            dist_utils.all_reduce_sum(labelled.to(self.device), self.meshes.dp)))
         self.step_hooks.begin_step(global_tokens)
         loss = sum(
             self.forward_backward(inputs.to(self.device), labels.to(self.device), global_tokens)
             for inputs, labels in microbatches
         )
         self.step_hooks.end_step()
+        loss = self.ft.reduce_gradients(self.model_parts, loss)  # over the replica groups
         self.tied.reduce_gradients()  # weights tied across pipeline stages
         grad_norm = dist_utils.clip_grad_norm_(
             [p for part in self.model_parts for p in part.parameters()],
@@ -280,6 +281,8 @@ class Trainer:
                 f"{loss.item():.4g}); stopped before the optimizer step, weights untouched. "
                 "Lower [optimizer] lr, raise warmup, or check the data."
             )
+        if not self.ft.should_commit():  # a replica group failed in this step
+            return loss, grad_norm
         if self.spikes.enabled and self.spikes.skips_update(
                 self.step, self.global_sum(loss).item(), grad_norm, self.metrics.log_event):
             return loss, grad_norm  # a spike's update is discarded (components/spikes.py)
@@ -335,13 +338,14 @@ class Trainer:
                     f"{self.config.job.dump_folder}")
         try:
             self.train_steps()
+            self.ft.close()
         except TrainingDiverged:  # a save in flight completes: the latest checkpoint stays good
             self.checkpointer.close()
             self.metrics.close()
             raise
         self.checkpointer.close()
         if (self.config.checkpoint.last_save_in_hf and dist.get_rank() == 0
-                and not self.spikes.holds_checkpoint(self.step)):
+                and self.ft.saves_checkpoints and not self.spikes.holds_checkpoint(self.step)):
             export_last_save(self.config, self.checkpointer.folder, self.step)
         self.metrics.close()
         self.profiler.close()
@@ -358,18 +362,25 @@ class Trainer:
         tokens_per_step = (self.grad_accumulation_steps * training.local_batch_size
                            * training.seq_len)
         while self.step < training.steps:
+            if self.ft.start_step():  # healed from a peer: its data position too
+                data = iter(self.dataloader)
             self.step += 1
             with self.step_clock.phase("data"):  # each rank times its own (stragglers.py)
                 self.faults.slow_down()
                 microbatches = [self.post_dataloading_process(*next(data))
                                 for _ in range(self.grad_accumulation_steps)]
             self.metrics.add_step(tokens_per_step, self.step_clock.last("data"))
-            self.tokens_seen += tokens_per_step * self.parallel_dims.dp
+            self.tokens_seen += tokens_per_step * self.parallel_dims.dp * self.ft.participants
             lr = self.lr_schedulers.last_lr
             self.step_clock.sync()
             with self.step_clock.phase("compute"):
                 loss, grad_norm = self.train_step(microbatches)
             self.profiler.step(self.step)
+            if not self.ft.committed:  # its batch is skipped, the next one retries the step
+                self.metrics.log_event({"step": self.step, **self.ft.record()})
+                self.step -= 1
+                self.tokens_seen -= tokens_per_step * self.parallel_dims.dp * self.ft.participants
+                continue
 
             last = self.step == training.steps
             if self.step == 1 or self.step % self.config.metrics.log_freq == 0 or last:
@@ -379,10 +390,11 @@ class Trainer:
                     "loss": global_loss, "grad_norm": grad_norm, "lr": lr,
                     "epoch": data_epoch(self.dataloader), "tokens_seen": self.tokens_seen,
                     **report_mixture(self.dataloader), **model_values,
-                    **self.step_clock.window_stats()}, console=console)
+                    **self.step_clock.window_stats(), **self.ft.record()}, console=console)
             self.faults.after_step(self.step)
-            with self.metrics.paused("checkpoint"):  # never from a spike's state
-                self.checkpointer.save(self.step, last, self.spikes.holds_checkpoint(self.step))
+            with self.metrics.paused("checkpoint"):  # never from a spike's state; group 0's
+                if self.ft.saves_checkpoints:
+                    self.checkpointer.save(self.step, last, self.spikes.holds_checkpoint(self.step))
             if validation.enable and (self.step % validation.freq == 0 or last):
                 with self.metrics.paused("validation"):
                     self.metrics.log_validation(self.step, self.validate())
@@ -422,34 +434,6 @@ def _nothing_left_to_do(config: JobConfig) -> str | None:
         return None
     return finished_run(Path(config.job.dump_folder) / c.folder, c.load_step,
                         config.training.steps)
-
-
-EXPECTED_FAILURES: tuple[tuple[type[BaseException], str, ExitCode], ...] = (
-    (ConfigError, "config error", ExitCode.CONFIG),  # incl. what only the built model shows
-    (TrainingDiverged, "training diverged", ExitCode.DIVERGED),
-    (CheckpointError, "checkpoint error", ExitCode.CHECKPOINT),
-    (DataError, "data error", ExitCode.DATA),
-    (DumpFolderInUse, "dump folder in use", ExitCode.FOLDER_IN_USE),
-)
-"""Failures the job understands: one line ``<prefix>: <message>`` and their own exit code."""
-
-
-def report_failure(error: BaseException) -> int:
-    """Say why the job failed (one line, or the traceback of an unexpected error), leave the
-    line for the launcher (distributed/lifecycle.py), and return the exit code."""
-    if isinstance(error, SystemExit):  # --help, --print_config, a module that exits
-        return 0 if error.code is None else error.code if isinstance(error.code, int) else 1
-    known = [(prefix, code) for kind, prefix, code in EXPECTED_FAILURES if isinstance(error, kind)]
-    if known:
-        prefix, code = known[0]
-        line = f"{prefix}: {error}"
-        logger.error(line)
-    else:
-        logger.error("the job failed:", exc_info=error)
-        line = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
-        code = ExitCode.FAILED
-    lifecycle.record_failure(code, line)
-    return code
 
 
 def run(argv: list[str], trainer_cls: type[Trainer] | None = None) -> int:

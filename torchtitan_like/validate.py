@@ -37,7 +37,7 @@ from torchtitan_like.config.manager import (
     import_custom_modules,
     to_toml,
 )
-from torchtitan_like.distributed import context_parallel, tensor_parallel
+from torchtitan_like.distributed import context_parallel, fault_tolerance, tensor_parallel
 from torchtitan_like.distributed.activation_checkpoint import every_nth_layer
 from torchtitan_like.distributed.expert_layout import validate_expert_layout
 from torchtitan_like.distributed.gpu_check import require_usable_gpus
@@ -51,9 +51,11 @@ from torchtitan_like.models.stage_inputs import check_stage_inputs
 
 
 def grad_accumulation_steps(config: JobConfig, dp_degree: int) -> int:
-    """Microbatches per optimizer step on each rank: global / (local x dp)."""
+    """Microbatches per optimizer step on each rank: global / (local x dp), dp counting the
+    data-parallel ranks of every replica group under [fault_tolerance]."""
     t = config.training
-    return accumulation_steps(t.global_batch_size, t.local_batch_size, dp_degree)
+    _, readers = fault_tolerance.data_share(config, 0, dp_degree)
+    return accumulation_steps(t.global_batch_size, t.local_batch_size, readers)
 
 
 def _validate_numbers(config: JobConfig) -> None:
@@ -81,6 +83,7 @@ def validate(config: JobConfig, world_size: int) -> None:
     float8.validate(config.float8, device_type())
     optimizer.validate(config.optimizer, config.training.dtype, device_type())
     profiling.validate(config.profiling, device_type())
+    fault_tolerance.validate(config, device_type())
     parallel_dims = ParallelDims.from_config(config, world_size)
     grad_accumulation_steps(config, parallel_dims.dp)
     blockwise_fp8.validate(config, parallel_dims, device_type())
@@ -132,6 +135,7 @@ def parse_args(argv: list[str], world_size: int) -> JobConfig:
     config = build_job_config([a for a in argv if a != "--print_config"])
     import_custom_modules(config.job.custom_import)
     validate(config, world_size)
+    fault_tolerance.place_group(config)
     if print_config:
         print(to_toml(config))
         raise SystemExit(0)

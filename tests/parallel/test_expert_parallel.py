@@ -150,15 +150,24 @@ MXFP8_TWO = {
     "fsdp2_mxfp8": [*MOE, *MXFP8],  # EP 1: the wrapped experts FSDP-sharded over the 2 ranks
 }
 BLOCKWISE = ["--float8.enable", "true", "--float8.recipe_name", "blockwise"]
+"""Dense linears in emulated blockwise float8 (components/blockwise_fp8.py): MLA's wo and the
+dense block's SwiGLU (the other widths are not 128-multiples)."""
 MTP = ["--model.overrides.mtp_depth", "1"]
 """DeepSeek-V3's multi-token prediction, one depth (an MoE block), lambda 0.3."""
 MTP_TWO = {
     "ep2_mtp": ep(2, *MTP),  # the MTP block's experts sharded over EP too
     "fsdp2_mtp": [*MOE, *MTP],  # the MTP depth its own FSDP unit, sharing embedding and head
     "tp2_mtp": [*MOE, *TP2_ETP2, *MTP],  # its norms and projection sequence parallel
+    # PP 2 (1F1B, 4 microbatches): the MTP depth on the last stage with its copy of the
+    # embedding (tied across stages), the token ids and labels as stage inputs
+    "pp2_mtp": [*MOE, *MTP, "--parallelism.pipeline_parallel_degree", "2",
+                "--training.local_batch_size", "4",
+                "--parallelism.pipeline_parallel_microbatch_size", "1"],
 }
-"""Dense linears in emulated blockwise float8 (components/blockwise_fp8.py): MLA's wo and the
-dense block's SwiGLU (the other widths are not 128-multiples)."""
+MTP_FOUR = {  # PP 2 x TP 2: the last stage's copy of the embedding split as the first's
+    "pp2_tp2_mtp": [*MOE, *TP2_ETP2, *MTP, "--parallelism.pipeline_parallel_degree", "2",
+                    "--parallelism.pipeline_parallel_microbatch_size", "2"],
+}
 
 
 def read_biases(folder: Path) -> list[list[list[float]]]:
@@ -202,7 +211,7 @@ def runs(corpus, tmp_path_factory):
                      "tp2_etp2_compile": [*MOE, *TP2_ETP2, *compiled], **MXFP8_TWO,
                      "ep2_blockwise": ep(2, *BLOCKWISE), **MTP_TWO},
                  root / "two", corpus, worker=WORKER)
-    four = launch(4, FOUR, root / "four", corpus, worker=WORKER)
+    four = launch(4, {**FOUR, **MTP_FOUR}, root / "four", corpus, worker=WORKER)
     copy_checkpoint(root / "two" / "ep2", root / "one" / "one_from_ep2")
     back = launch(1, {"one_from_ep2": [*MOE, *SAVE]}, root / "one", corpus, worker=WORKER)
     biases = {name: read_biases(root / folder / name)
@@ -369,10 +378,30 @@ def test_mtp_with_zero_weight_trains_as_without_it(runs):
     assert losses(records["reference_mtp"]) != losses(records["reference"])
 
 
-@pytest.mark.parametrize("case", list(MTP_TWO))
+@pytest.mark.parametrize("case", [*MTP_TWO, *MTP_FOUR])
 def test_mtp_matches_one_process(runs, case):
-    """The main loss and the MTP metric (aux_loss/mtp_ce) under EP 2, FSDP 2 and TP 2 against
-    one process: fp32 sums in another order, class (b) of tests/harness.py."""
+    """The main loss and the MTP metric (aux_loss/mtp_ce) under EP 2, FSDP 2, TP 2, PP 2 and
+    PP 2 x TP 2 against one process: fp32 sums in another order, class (b) of
+    tests/harness.py.
+
+    PP 2 (1F1B, 4 microbatches of one sequence): the depth on the last stage computes the
+    terms of one process from the same token ids and labels (stage inputs, cut into the same
+    microbatches); each microbatch's CE and MTP sums are divided by the step's global token
+    count before they are added, so the step's loss and metric sum the same fp32 terms in
+    microbatch order, and every gradient accumulates per microbatch instead of once over the
+    batch. The embedding's gradient is the one-process sum split in two: the trunk's lookups on
+    the first stage, the MTP lookups on the last stage's copy, added by the tied weights'
+    all-reduce (distributed/tied_weights.py) where autograd adds them in one process: two
+    fp32 partials, one rounding either way. Both copies then take the same Adam step. Under
+    PP 2 x TP 2 both copies are split by vocabulary rows alike (the tied weights' layout
+    check), so each TP rank's all-reduce adds the same rows' halves; TP adds class (b) sums
+    (measured <= 1.2e-6, 2 microbatches of 2 sequences). Nothing
+    in the path has a coarse grid to flip across (fp32 throughout), so the bound is
+    FP32_PARITY_TOL (1e-5 = 10 ulps at losses ~8 over 3 steps); measured 9.5e-7 (loss) and
+    6e-7 (mtp_ce). Measured by breaking it: without the tied all-reduce (the MTP half of the
+    gradient left out of the first stage's copy, the trunk's out of the last's) the loss moves
+    by 6.1e-5 and 1.8e-4 at steps 2-3 and mtp_ce by 1.5e-3 and 4.0e-3; targets one label off
+    move mtp_ce by 0.25 at step 1."""
     records, _ = runs
     for key in ("loss", "aux_loss/mtp_ce", "aux_loss/mtp"):
         ours = [r[key] for r in records[case] if "loss" in r]

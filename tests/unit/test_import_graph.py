@@ -28,7 +28,7 @@ LAYERS = (
     ("distributed",),
     ("models",),
     ("components",),
-    ("validate", "train"),
+    ("validate", "train", "failure_report"),
     ("preflight", "launch", "tools"),
 )
 """Bottom to top: the first part of a module's name below the package gives its layer."""

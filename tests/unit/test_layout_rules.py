@@ -14,7 +14,7 @@ import itertools
 import random
 
 import pytest
-from layouts import CP2, ETP2, TP2
+from layouts import CP2, ETP2, PP2, TP2
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.manager import build_job_config
@@ -109,11 +109,18 @@ def test_the_rules_the_planner_used_to_get_wrong():
 
 MOE_BASE = ["--job.config_file", "train_configs/deepseek_v3_debug.toml"]
 
+MTP = ["--model.overrides.mtp_depth", "1"]
+PP2_MB1 = [*PP2, "--training.local_batch_size=2",
+           "--parallelism.pipeline_parallel_microbatch_size=1"]
+
 
 @pytest.mark.parametrize(("flavor", "dims", "accepted"), [
     ("debugmodel", CP2, True),  # MLA under CP: values padded for the ring
     ("debugmodel_aux", CP2, True),  # whole-sequence expert counts summed over the CP ranks
     ("debugmodel_aux", [*TP2, *ETP2], True),  # each TP rank adds 1/tp of the aux gradient
+    ("debugmodel", [*MTP, *CP2], False),  # MTP shifts whole sequences: not under CP
+    ("debugmodel", [*MTP, "--compile.enable", "true"], False),  # nor beside compiled blocks
+    ("debugmodel", [*MTP, *PP2_MB1], True),  # on the last stage, the embedding tied to it
 ])
 def test_runtime_and_planner_agree_on_moe_layouts(flavor, dims, accepted):
     args = [*MOE_BASE, "--model.flavor", flavor, *dims]

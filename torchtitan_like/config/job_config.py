@@ -442,6 +442,30 @@ class Debug:
 
 
 @dataclass
+class FaultTolerance:
+    enable: bool = False
+    """Run as one replica group of a torchft job (docs/fault-tolerance.md); needs the ft extra."""
+
+    replica_id: int = 0
+    """This group's index in [0, group_size): its share of the data; group 0 saves checkpoints."""
+
+    group_size: int = ranged(1, ge=1)
+    """Replica groups in the job, each its own torchrun job (the dp_replicate dimension)."""
+
+    min_replica_size: int = ranged(1, ge=1)
+    """Fewest live groups that may commit a step; fewer wait for a quorum (<= group_size)."""
+
+    process_group: Literal["gloo", "nccl"] = "gloo"
+    """Backend of torchft's managed process group across groups (nccl needs CUDA)."""
+
+    process_group_timeout_ms: int = ranged(10000, ge=1)
+    """Timeout of a collective across groups; a group not answering in it drops out."""
+
+    manager_hostname: str = ""
+    """Name the other groups reach this group's torchft manager by; empty = this host's name."""
+
+
+@dataclass
 class JobConfig:
     job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
@@ -458,4 +482,5 @@ class JobConfig:
     comm: Comm = field(default_factory=Comm)
     validation: Validation = field(default_factory=Validation)
     spike: Spike = field(default_factory=Spike)
+    fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)
     debug: Debug = field(default_factory=Debug)

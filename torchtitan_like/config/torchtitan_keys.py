@@ -65,8 +65,10 @@ UNSUPPORTED: dict[str, str] = {
                                "(TORCH_FR_DUMP_TEMP_FILE)",
     "comm.save_traces_file_prefix": "NCCL's flight recorder is set by its environment "
                                     "variables (TORCH_FR_DUMP_TEMP_FILE)",
-    "fault_tolerance": "TorchFT is not integrated; MAX_RESTARTS=N ./run_train.sh restarts the "
-                       "job from its latest checkpoint",
+    "fault_tolerance.semi_sync_method": "semi-synchronous training (LocalSGD, DiLoCo) is not "
+                                        "implemented: replica groups synchronise every step",
+    "fault_tolerance.sync_steps": "semi-synchronous training (LocalSGD, DiLoCo) is not "
+                                  "implemented: replica groups synchronise every step",
     "memory_estimation": "use ttl-plan (ttl-plan --config job.toml for a config's own "
                          "layout), which estimates memory per layout before the run",
     "mx": "MXFP8 linears are not implemented; the routed experts' MXFP8 grouped GEMMs are "

@@ -77,18 +77,16 @@ def check_moe_tensor_parallel(tp: int, *, float8: bool, where: str) -> None:
             "TP regions, where float8 would scale each shard on its own); set one of them off")
 
 
-def check_multi_token_prediction(cp: int, pp: int, compiled_blocks: bool, where: str) -> None:
-    """DeepSeek-V3's MTP modules (models/deepseek_v3/mtp.py) read whole token sequences and the
-    first stage's embedding: not under CP (each rank holds chunks of every sequence) nor PP
-    (the embedding on the last stage is cross-stage weight tying: not built), nor compiled."""
-    for degree, name, why in (
-            (cp, "context_parallel_degree",
-             "a CP rank holds chunks of each sequence, and MTP shifts whole sequences"),
-            (pp, "pipeline_parallel_degree",
-             "the MTP module on the last stage needs the first stage's embedding and the "
-             "token ids there: not built")):
-        require(degree == 1, f"{where}: mtp_depth > 0 with [parallelism] {name} = {degree} is "
-                              f"not supported ({why}); set one of them off")
+def check_multi_token_prediction(cp: int, compiled_blocks: bool, where: str) -> None:
+    """DeepSeek-V3's MTP modules (models/deepseek_v3/mtp.py) shift whole token sequences left:
+    not under CP (each rank holds chunks of every sequence: the tokens a depth reads and the
+    labels it is scored on lie on another rank), nor compiled (the depths would run eager
+    beside compiled blocks). Under PP they sit on the last stage with a tied copy of the
+    embedding (models/deepseek_v3/pipeline.py). The model's args and the planner call it."""
+    require(cp == 1,
+            f"{where}: mtp_depth > 0 with [parallelism] context_parallel_degree = {cp} is not "
+            "supported (a CP rank holds chunks of each sequence, and MTP shifts whole "
+            "sequences); set one of them off")
     require(not compiled_blocks,
             f"{where}: mtp_depth > 0 with [compile] enable (components model) is not built "
             "(the MTP depths would run eager beside compiled blocks); compile the loss only, "

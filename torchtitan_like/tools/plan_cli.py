@@ -35,6 +35,7 @@ from torchtitan_like.tools.planner import (
     search,
     why_better,
 )
+from torchtitan_like.tools.planner.failures import FailureInputs, failure_cost, failure_lines
 from torchtitan_like.tools.planner.step_time import ASYNC_TP
 from torchtitan_like.tools.planner.uncertainty import expected_band, least_certain, memory_band
 
@@ -109,6 +110,17 @@ def build_parser() -> argparse.ArgumentParser:
                      "the step-time model's estimate")
     est.add_argument("--headroom", type=float, default=0.10,
                      help="share of GPU memory kept free (allocator, NCCL, CUDA context)")
+    fail = p.add_argument_group("failures (priced when --gpu_mttf_hours is given)")
+    fail.add_argument("--gpu_mttf_hours", type=float, help="mean time to failure of one GPU, "
+                      "e.g. 8e4 (Llama 3 405B: ~1 interruption per 3 h on 16,384 GPUs: 5e4)")
+    fail.add_argument("--checkpoint_interval", type=int, default=500, help="steps between "
+                      "checkpoints")
+    fail.add_argument("--checkpoint_seconds", type=float, default=5.0,
+                      help="time one checkpoint blocks the loop")
+    fail.add_argument("--restart_seconds", type=float, default=300.0,
+                      help="a job's or a replica group's start-up to its first step")
+    fail.add_argument("--heartbeat_seconds", type=float, default=5.0,
+                      help="the torchft lighthouse's heartbeat timeout")
     out = p.add_argument_group("output")
     out.add_argument("--search", action="store_true", help="rank the fitting layouts")
     out.add_argument("--top", type=int, default=5, help="layouts --search prints")
@@ -339,6 +351,20 @@ def _cost_lines(result: Plan, model: ModelShape, cluster: Cluster, work: Workloa
     ]
 
 
+def failure_inputs(result: Plan, model: ModelShape, cluster: Cluster, work: Workload,
+                   args: argparse.Namespace) -> FailureInputs:
+    """The failure pricing's inputs: the plan's step time and per-GPU state, the flags."""
+    lay, prec = result.layout, work.precision
+    per_param = prec.master_bytes + prec.optimizer_states * prec.optimizer_state_bytes
+    return FailureInputs(
+        num_gpus=cluster.num_gpus, gpu_mttf_hours=args.gpu_mttf_hours,
+        step_seconds=result.step_seconds, checkpoint_interval=args.checkpoint_interval,
+        checkpoint_seconds=args.checkpoint_seconds, restart_seconds=args.restart_seconds,
+        state_bytes_per_gpu=model.num_params * per_param / (lay.tp * lay.pp * lay.fsdp_degree),
+        link_gbps=cluster.gpu.inter_node_gbps, groups=lay.dp_replicate,
+        heartbeat_seconds=args.heartbeat_seconds)
+
+
 def format_plan(result: Plan, model: ModelShape, cluster: Cluster, work: Workload,
                 args: argparse.Namespace) -> str:
     """The human-readable report of one layout."""
@@ -353,6 +379,9 @@ def format_plan(result: Plan, model: ModelShape, cluster: Cluster, work: Workloa
         *_time_lines(result),
         *(_cost_lines(result, model, cluster, work, args) if work.tokens else []),
     ]
+    if args.gpu_mttf_hours:
+        inputs = failure_inputs(result, model, cluster, work, args)
+        lines += failure_lines(inputs, failure_cost(inputs))
     return "\n".join(lines + [f"Note: {note}" for note in result.notes])
 
 
@@ -412,8 +441,14 @@ def main(argv: list[str] | None = None) -> int:
     except (LayoutError, ConfigError, ValueError) as e:
         print(f"plan error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(_with_uncertainty(result), indent=1) if args.json
-          else format_plan(result, model, cluster, work, args))
+    if args.json:
+        record = _with_uncertainty(result)
+        if args.gpu_mttf_hours:
+            record["failures"] = dataclasses.asdict(
+                failure_cost(failure_inputs(result, model, cluster, work, args)))
+        print(json.dumps(record, indent=1))
+    else:
+        print(format_plan(result, model, cluster, work, args))
     return 0 if result.fits else 1
 
 

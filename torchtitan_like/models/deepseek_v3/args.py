@@ -88,23 +88,21 @@ class DeepSeekV3Args(BaseModelArgs):
             "rope_theta", "max_seq_len", "rope_scaling.factor",
             "rope_scaling.original_max_position", "rope_scaling.beta_fast",
             "rope_scaling.beta_slow"), non_negative=(
-            "q_lora_rank", "n_dense_layers", "rope_scaling.mscale", "rope_scaling.mscale_all_dim"))
+            "q_lora_rank", "n_dense_layers", "rope_scaling.mscale", "rope_scaling.mscale_all_dim",
+            "mtp_depth", "mtp_loss_weight"))
         if self.qk_rope_head_dim % 2:
             raise ConfigError(f"{flavor}: qk_rope_head_dim {self.qk_rope_head_dim} must be even "
                               "(RoPE rotates pairs)")
-        if self.mtp_depth < 0 or self.mtp_loss_weight < 0:
-            raise ConfigError(f"{flavor}: mtp_depth {self.mtp_depth} and mtp_loss_weight "
-                              f"{self.mtp_loss_weight} must be >= 0")
         if self.mtp_depth:
-            check_multi_token_prediction(parallel_dims.cp, parallel_dims.pp,
-                                         job_config.compile.compiles_blocks, flavor)
+            check_multi_token_prediction(parallel_dims.cp, job_config.compile.compiles_blocks,
+                                         flavor)
         if not 0 <= self.n_dense_layers <= self.n_layers:
             raise ConfigError(f"{flavor}: n_dense_layers {self.n_dense_layers} must be in "
                               f"0..n_layers ({self.n_layers})")
-        if parallel_dims.pp > 1:  # the same module layout as llama3, so its split
-            from torchtitan_like.models.llama3.pipeline import llama_fqns_per_stage
+        if parallel_dims.pp > 1:  # llama3's module layout, then the MTP modules
+            from torchtitan_like.models.deepseek_v3.pipeline import deepseek_fqns_per_stage
 
-            llama_fqns_per_stage(self, job_config)
+            deepseek_fqns_per_stage(self, job_config)
         # MLA splits by heads (queries, keys and values alike), as llama's attention
         check_tensor_parallel_shapes(parallel_dims.tp, self.n_heads, self.n_heads,
                                      self.vocab_size, flavor)

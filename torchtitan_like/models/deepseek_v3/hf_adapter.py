@@ -13,9 +13,10 @@ Multi-token prediction (``mtp_depth``, mtp.py): depth k is the Hub's layer n_lay
 (``model.layers.61.*`` in DeepSeek-V3's checkpoint): its block under the usual names, plus
 ``enorm``, ``hnorm``, ``eh_proj``, ``shared_head.norm`` and copies of the shared embedding
 (``embed_tokens``) and head (``shared_head.head``), which export writes and import drops (the
-model shares the main ones). transformers' ``DeepseekV3ForCausalLM`` does not run these layers
-(it ignores them on load); importing a checkpoint with more MTP layers than ``mtp_depth``
-ignores the extra ones likewise.
+model shares the main ones: its further name of the embedding, ``mtp.embedding.weight``, is
+left out of export and given the main embedding's tensor on import). transformers'
+``DeepseekV3ForCausalLM`` does not run these layers (it ignores them on load); importing a
+checkpoint with more MTP layers than ``mtp_depth`` ignores the extra ones likewise.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ _MTP_OWN = {  # an MTP depth's own modules (mtp.py); its block's names are _BLOC
 _MTP_SHARED = {"embed_tokens.weight": "tok_embeddings.weight",
                "shared_head.head.weight": "output.weight"}
 """The copies of the shared embedding and head each MTP layer of the Hub checkpoint holds."""
+_MTP_EMBEDDING = "mtp.embedding.weight"
+"""The embedding's further name in our model (mtp.py holds the trunk's module): exported once,
+under its first name, and given back on import with the same tensor."""
 _OURS_MTP = re.compile(r"mtp\.depths\.(\d+)\.(.+)")
 _OURS = re.compile(r"layers\.(\d+)\.(.+)")
 _THEIRS = re.compile(r"model\.layers\.(\d+)\.(.+)")
@@ -89,6 +93,8 @@ class DeepSeekV3HFAdapter:
         them (``model.layers.61.*`` for DeepSeek-V3), with its copies of embedding and head."""
         out, n = {}, self.args.n_layers
         for key, value in state_dict.items():
+            if key == _MTP_EMBEDDING:
+                continue
             m = _OURS_MTP.fullmatch(key)
             if not m:
                 out[key] = value
@@ -151,6 +157,8 @@ class DeepSeekV3HFAdapter:
         out.update(stack_experts(experts))
         if self.args.moe.load_balance_coeff is None:
             self._drop_zero_biases(out)
+        if self.args.mtp_depth and "tok_embeddings.weight" in out:
+            out[_MTP_EMBEDDING] = out["tok_embeddings.weight"]
         return self._to_mtp_names(out)
 
     def _from_mtp(self, m: re.Match, value: Any, out: dict[str, Any]) -> bool:

@@ -162,21 +162,26 @@ class DeepSeekV3Model(nn.Module):
         )
         self.norm: nn.RMSNorm | None = nn.RMSNorm(args.dim, eps=args.norm_eps)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
-        # multi-token prediction (mtp.py): None without it
-        self.mtp: MTPLoss | None = MTPLoss(args, DeepSeekV3Block) if args.mtp_depth else None
+        # multi-token prediction (mtp.py), sharing the embedding module: None without it
+        self.mtp: MTPLoss | None = (MTPLoss(args, DeepSeekV3Block, self.tok_embeddings)
+                                    if args.mtp_depth else None)
         self.register_buffer("rope_cache", rope_cache(args), persistent=False)
 
-    def forward(self, tokens: torch.Tensor, document_ids: torch.Tensor | None = None
+    def forward(self, tokens: torch.Tensor, document_ids: torch.Tensor | None = None, *,
+                token_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None
                 ) -> torch.Tensor:
         """Token ids (bs, seq) -> logits (bs, seq, vocab); a pipeline stage without the
         embedding takes hidden states instead, and one without the head returns them.
-        ``document_ids`` (bs, seq) make attention block-causal (models/attention_masks.py)."""
+        ``document_ids`` (bs, seq) make attention block-causal (models/attention_masks.py).
+        ``token_ids`` and ``labels`` (bs, seq), given to every stage (models/stage_inputs.py),
+        feed multi-token prediction in training (the token ids default to ``tokens``)."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         mask = None if document_ids is None else build_mask(document_ids)
         for layer in self.layers.values():
             h = layer(h, self.rope_cache, mask=mask)
-        if self.mtp is not None:  # its loss term rides on h (mtp.py); PP is refused with it
-            h = self.mtp(h, tokens, self.tok_embeddings, self.output, self.rope_cache, mask)
+        if self.mtp is not None:  # its loss term rides on h (mtp.py); on the last stage under PP
+            ids = tokens if token_ids is None else token_ids
+            h = self.mtp(h, ids, labels, self.output, self.rope_cache, mask)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
 

@@ -18,11 +18,19 @@ lambda = 0).
 
 Shapes stay (batch, seq): module k reads the token ids shifted left by k (the last k positions
 get token 0, a placeholder whose outputs come causally after every scored position and are
-never scored), so sequence parallelism and the RoPE table apply unchanged. Targets come from
-the token ids too: position i is scored while i + k + 1 < seq, i.e. seq - k - 1 positions per
-sequence (DeepSeek also scores position seq - k, whose target is the label of the last
-position, which the model does not see; labels on every stage are issue 25's). Positions whose
-label a ``post_dataloading_process`` masks are not masked here (the built-in data masks none).
+never scored), so sequence parallelism and the RoPE table apply unchanged. The targets are the
+labels (``labels[i] = t_{i+1}``): position i at depth k is scored against ``labels[i + k]``,
+i.e. seq - k positions per sequence: all DeepSeek scores, the last (i = seq - k - 1) against
+the label of the last position, which the token ids alone do not hold; and a position whose label is
+``protocols/loss.IGNORE_INDEX`` (masked by ``Trainer.post_dataloading_process``) is not
+scored at that depth, as in the main loss. Every scored position reads only token ids
+t_{j+k} with j <= i, all inside the sequence, so the placeholders never reach a score.
+
+The embedding is the trunk's module itself, held here too (``embedding``): the unsplit model
+reaches its weight as ``tok_embeddings.weight`` and ``mtp.embedding.weight``. Under pipeline
+parallelism the MTP modules sit on the last stage beside the head, with that stage's copy of
+the embedding, a weight tied across stages (distributed/tied_weights.py), and read the token
+ids and labels as stage inputs (models/stage_inputs.py).
 """
 
 from __future__ import annotations
@@ -73,33 +81,39 @@ def shifted_tokens(tokens: torch.Tensor, k: int) -> torch.Tensor:
 
 class MTPLoss(nn.Module):
     """The MTP depths of a model and their loss term (module docstring). Holds the step hooks
-    (protocols/step_hooks.py); the model calls ``forward`` with the trunk's output."""
+    (protocols/step_hooks.py) and the trunk's embedding module (shared); the model calls
+    ``forward`` with the trunk's output."""
 
-    def __init__(self, args: DeepSeekV3Args, make_block: BlockFactory):
+    def __init__(self, args: DeepSeekV3Args, make_block: BlockFactory, embedding: nn.Embedding):
         super().__init__()
         self.weight = args.mtp_loss_weight
+        self.embedding = embedding
         self.depths = nn.ModuleDict({
             str(k): MultiTokenPrediction(make_block(args.n_layers + k, args), args)
             for k in range(args.mtp_depth)})
         self.step_hooks = None
 
-    def forward(self, h: torch.Tensor, tokens: torch.Tensor, embedding: nn.Module,
+    def forward(self, h: torch.Tensor, token_ids: torch.Tensor, labels: torch.Tensor | None,
                 head: nn.Module, rope: torch.Tensor, mask: AttentionMask = None) -> torch.Tensor:
         """Returns ``h`` (the carrier of the term, protocols/step_hooks.py); outside a
         training step (validation, inference) the depths do not run."""
         hooks = self.step_hooks
         if hooks is None or not torch.is_grad_enabled():
             return h
-        ce = torch.zeros((), device=tokens.device)
-        previous = h
+        if labels is None:
+            raise ValueError("multi-token prediction scores against the labels: call the model "
+                             "with labels=... in a training step (the trainer passes them)")
+        ce = torch.zeros((), device=h.device)
+        previous, seq = h, token_ids.shape[1]
         for k, depth in enumerate(self.depths.values(), start=1):
-            previous = depth(previous, embedding(shifted_tokens(tokens, k)), rope, mask=mask)
+            previous = depth(previous, self.embedding(shifted_tokens(token_ids, k)), rope,
+                             mask=mask)
             logits = head(depth.norm(previous))
-            scored = tokens.shape[1] - k - 1
-            ce = ce + cross_entropy_sum(logits[:, :scored], tokens[:, k + 1:])
+            ce = ce + cross_entropy_sum(logits[:, :seq - k], labels[:, k:])
         h = hooks.add_loss("mtp", h, ce * (self.weight / len(self.depths)))
         return hooks.add_loss("mtp_ce", h, ce.detach())
 
     def init_weights(self) -> None:
+        """The depths' own weights (the shared embedding is the trunk's to initialise)."""
         for depth in self.depths.values():
             depth.init_weights()

@@ -37,9 +37,9 @@ from torchtitan_like.distributed.activation_checkpoint import apply_ac
 from torchtitan_like.distributed.local_tp import LocalTensorParallel, moe_tp_plan
 from torchtitan_like.distributed.parallel_dims import Meshes, ParallelDims
 from torchtitan_like.distributed.plan_toolkit import apply_block_tail, swiglu_plan
-from torchtitan_like.distributed.tensor_parallel import maybe_enable_async_tp
+from torchtitan_like.distributed.tensor_parallel import materialise_output, maybe_enable_async_tp
 from torchtitan_like.models.deepseek_v3.model import DeepSeekV3Model
-from torchtitan_like.models.llama3.parallelize import apply_tp
+from torchtitan_like.models.llama3.parallelize import apply_tp, embedding_tp_style
 from torchtitan_like.models.moe import register_moe_balancing, routed_experts
 
 if TYPE_CHECKING:
@@ -72,13 +72,20 @@ def parallelize_deepseek_v3(
     """TP -> EP -> AC -> FSDP (one unit per block, the embedding, and norm + head, as llama3;
     under EP each experts module first gets its own unit over the expert-FSDP mesh). The MTP
     depths (mtp.py) get the blocks' TP plan, EP and AC (wrapped before EP: EP changes the
-    experts in place, so the order does not matter), and one FSDP unit each after the head."""
+    experts in place, so the order does not matter), and one FSDP unit each after the head.
+    The embedding they share is in the root unit where the part holds it twice (FSDP: a
+    shared module is gathered for the whole forward); the last pipeline stage's copy of it
+    gets the embedding's TP style and lies in the root unit too, so both copies are sharded
+    alike (distributed/tied_weights.py)."""
     block_plan = partial(block_tp_plan, expert_parallel=parallel_dims.ep_enabled,
                          experts_over_tp=parallel_dims.etp > 1)
     mtp = model.mtp.depths if model.mtp is not None else nn.ModuleDict()
     if parallel_dims.tp_enabled:
         apply_tp(model, meshes.tp, loss_parallel=parallel_dims.loss_parallel_enabled,
                  block_plan=block_plan)
+        if model.mtp is not None and model.tok_embeddings is None:  # the last stage's copy
+            parallelize_module(model.mtp.embedding, meshes.tp, embedding_tp_style())
+            materialise_output(model.mtp.embedding)
         for depth in mtp.values():
             parallelize_module(depth, meshes.tp, mtp_tp_plan(depth, meshes.tp.device_type,
                                                              block_plan))
@@ -86,7 +93,7 @@ def parallelize_deepseek_v3(
     apply_ac(mtp, config.activation_checkpoint)  # the MTP depths, each as one block
     blocks = [*model.layers.values(), *(depth.block for depth in mtp.values())]
     apply_block_tail(model, model.layers, parallel_dims, meshes, config,
-                     before=[[model.tok_embeddings]],
+                     before=[[model.tok_embeddings if model.mtp is None else None]],
                      after=[[model.norm, model.output], *([depth] for depth in mtp.values())],
                      routed_experts=routed_experts(blocks))
     return model

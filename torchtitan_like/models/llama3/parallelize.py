@@ -63,6 +63,12 @@ def context_parallel_buffers(model: Transformer) -> list[tuple[torch.Tensor, int
     return [(model.rope_cache, 0)]
 
 
+def embedding_tp_style() -> ParallelStyle:
+    """The token embedding under TP: split by vocabulary rows, its partial lookups
+    reduce-scattered into sequence shards (Shard(1))."""
+    return RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+
+
 def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, loss_parallel: bool,
              block_plan: BlockPlanFn) -> None:
     """Megatron TP with sequence parallel (distributed/tensor_parallel.py) on a model part.
@@ -72,9 +78,8 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, loss_parallel: bool,
     under loss parallel, else a plain tensor.
     """
     edges: dict[str, ParallelStyle] = {}
-    if model.tok_embeddings is not None:  # vocab rows; the reduce-scatter shards the sequence
-        edges["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(),
-                                                  output_layouts=Shard(1))
+    if model.tok_embeddings is not None:
+        edges["tok_embeddings"] = embedding_tp_style()
     if model.norm is not None:
         edges["norm"] = SequenceParallel()
     if model.output is not None:  # vocab columns; kept sharded for loss parallel

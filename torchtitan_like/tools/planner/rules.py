@@ -72,4 +72,6 @@ def _trainer_rules(m: ModelShape, work: Workload, layout: Layout) -> int:
     validate_expert_layout(dims, m.num_experts)
     if m.num_experts:
         rules.check_moe_tensor_parallel(t, float8=layout.float8, where="the model")
+    if getattr(m.args, "mtp_depth", 0):  # DeepSeek-V3's multi-token prediction
+        rules.check_multi_token_prediction(layout.cp, layout.compile, "the model")
     return steps * per_schedule

@@ -1,0 +1,280 @@
+"""Replica groups that survive a failure: ``[fault_tolerance]`` through torchft.
+
+Under ``enable`` the data-parallel replicate dimension becomes *replica groups*: each group is
+its own torchrun job (``dp_replicate = 1`` inside, every other dimension as usual) and rank r
+of every group meets rank r of the others in torchft's managed process group, reconfigured at
+every step by a quorum that the lighthouse (``TORCHFT_LIGHTHOUSE``) forms of the groups alive.
+One step of a group, as the trainer calls it:
+
+1. ``start_step``: the quorum. A group behind the others (restarted after a failure) first
+   *heals*: it receives model, optimizer, LR schedule, train state (step, RNG) and data
+   position from a live peer over the managed process group (torchft's PGTransport, straight
+   into its own tensors) instead of reading storage;
+2. ``sum_over_groups``: the step's labelled tokens summed over the participating groups, the
+   loss normaliser, so that the groups' gradients *add up* to the gradient of their joint
+   global batch (as HSDP's do);
+3. ``reduce_gradients``: after backward, the gradient shards (and the loss share) summed over
+   the participating groups in one flat all-reduce per dtype;
+4. ``should_commit``: the optimizer steps only when every rank of the group saw every
+   collective succeed; an uncommitted step is dropped and the next batch retried in its place.
+
+A failed collective (a peer died) leaves the gradients as they were and the step uncommitted;
+the next quorum forms without the dead group once the lighthouse misses its heartbeats. Group
+0 writes the persistent (DCP) checkpoints, into the shared ``<dump_folder>/<checkpoint
+folder>``; each group logs into ``<dump_folder>/replica_<id>`` (its own folder lock).
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.config.job_config import JobConfig
+from torchtitan_like.logging import logger
+
+LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
+"""The lighthouse's address (``http://host:29510``), read by torchft's Manager."""
+
+EXTRA_HINT = "pip install -e '.[ft]'"
+
+
+def validate(config: JobConfig, device_type: str) -> None:
+    """ConfigError for a ``[fault_tolerance]`` section that cannot run (one line each)."""
+    ft = config.fault_tolerance
+    if not ft.enable:
+        changed = [f for f in ("replica_id", "group_size", "min_replica_size")
+                   if getattr(ft, f) != getattr(type(ft)(), f)]
+        if changed:
+            raise ConfigError(f"[fault_tolerance] {changed[0]} is set but enable = false: set "
+                              "[fault_tolerance] enable = true, or leave it out")
+        return
+    if importlib.util.find_spec("torchft") is None:
+        raise ConfigError(f"[fault_tolerance] enable needs torchft (the ft extra): {EXTRA_HINT}")
+    if not os.environ.get(LIGHTHOUSE_ENV):
+        raise ConfigError(f"[fault_tolerance] enable: set {LIGHTHOUSE_ENV}=http://<host>:29510, "
+                          "the address of a running torchft_lighthouse (docs/fault-tolerance.md)")
+    if config.parallelism.data_parallel_replicate_degree != 1:
+        raise ConfigError("[fault_tolerance] enable: the replica groups are the dp_replicate "
+                          "dimension, so set [parallelism] data_parallel_replicate_degree = 1 "
+                          "(each group is its own torchrun job; group_size says how many)")
+    if not 0 <= ft.replica_id < ft.group_size:
+        raise ConfigError(f"[fault_tolerance] replica_id = {ft.replica_id}: must be in "
+                          f"0..{ft.group_size - 1} (group_size = {ft.group_size})")
+    if ft.min_replica_size > ft.group_size:
+        raise ConfigError(f"[fault_tolerance] min_replica_size = {ft.min_replica_size} exceeds "
+                          f"group_size = {ft.group_size}: no quorum could ever commit a step")
+    if ft.process_group == "nccl" and device_type != "cuda":
+        raise ConfigError(f'[fault_tolerance] process_group = "nccl" needs CUDA; this job runs on '
+                          f'{device_type}: use "gloo"')
+    if config.validation.enable:
+        raise ConfigError("[validation] enable is not supported with [fault_tolerance] enable "
+                          "(each group holds only its share of the data): turn one off")
+
+
+def place_group(config: JobConfig) -> None:
+    """Under ``enable``: this group's outputs go to ``<dump_folder>/replica_<id>`` (its own
+    lock, metrics and traces), the checkpoints of the job to the shared
+    ``<dump_folder>/<checkpoint folder>`` (written by group 0, read by every group)."""
+    ft = config.fault_tolerance
+    dump = Path(config.job.dump_folder)
+    if not ft.enable or dump.name == f"replica_{ft.replica_id}":  # placed already (config.toml)
+        return
+    config.checkpoint.folder = str(dump / config.checkpoint.folder)
+    config.job.dump_folder = str(dump / f"replica_{ft.replica_id}")
+
+
+def data_share(config: JobConfig, dp_rank: int, dp_degree: int) -> tuple[int, int]:
+    """(rank, degree) among the data readers of the whole job: group ``replica_id`` reads the
+    ``replica_id``-th of ``group_size`` shares of every global batch, each of its data-parallel
+    ranks a part of that share (the layout HSDP's dp_replicate x dp_shard ranks read)."""
+    ft = config.fault_tolerance
+    if not ft.enable:
+        return dp_rank, dp_degree
+    return ft.replica_id * dp_degree + dp_rank, ft.group_size * dp_degree
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor this rank holds (a DTensor's shard), sharing its storage."""
+    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return local.detach()
+
+
+class SingleGroup:
+    """The job without fault tolerance: one group, every step committed, nothing reduced."""
+
+    participants = 1
+    committed = True
+    saves_checkpoints = True
+
+    def start_step(self) -> bool:
+        """Ready a step; True when this group's state was replaced (healed) by a peer's."""
+        return False
+
+    def sum_over_groups(self, value: torch.Tensor) -> torch.Tensor:
+        return value
+
+    def reduce_gradients(self, parts: list[nn.Module], loss: torch.Tensor) -> torch.Tensor:
+        """Sum gradients and the loss share over the groups; returns the summed loss share."""
+        return loss
+
+    def should_commit(self) -> bool:
+        return True
+
+    def record(self) -> dict[str, Any]:
+        """The step's fields for metrics.jsonl."""
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class ReplicaGroups(SingleGroup):
+    """This group's torchft Manager; ``states`` are the Stateful parts of the trainer's state
+    (the checkpoint's: model, optimizer, lr_scheduler, dataloader, train_state) sent to and
+    received from a peer when healing. ``step`` is the trainer's (loaded from a checkpoint)."""
+
+    def __init__(self, config: JobConfig, states: dict[str, Any], step: int,
+                 device: torch.device):
+        from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
+        from torchft.checkpointing.pg_transport import PGTransport
+
+        ft = config.fault_tolerance
+        if "MASTER_PORT" not in os.environ:
+            raise ConfigError("[fault_tolerance] enable runs under torchrun (run_train.sh), "
+                              "whose store the group's torchft manager meets in")
+        self.states = states
+        self.replica_id, self.group_size = ft.replica_id, ft.group_size
+        self.start_timeout_s = 60.0  # torchft's default quorum timeout
+        self.saves_checkpoints = ft.replica_id == 0
+        timeout = datetime.timedelta(milliseconds=ft.process_group_timeout_ms)
+        pg_cls = ProcessGroupGloo if ft.process_group == "gloo" else ProcessGroupNCCL
+        pg = pg_cls(timeout=timeout)
+        host = {"hostname": ft.manager_hostname} if ft.manager_hostname else {}
+        self.manager = Manager(
+            pg=pg, load_state_dict=self._load, state_dict=self._local_state,
+            min_replica_size=ft.min_replica_size, use_async_quorum=False, timeout=timeout,
+            replica_id=f"replica_{ft.replica_id}",
+            checkpoint_transport=PGTransport(pg, timeout, device, state_dict=self._local_state),
+            init_sync=False,  # every group initialises the same weights from the same seed
+            **host,
+        )
+        self.manager.load_state_dict({"step": step, "batches_committed": 0})
+        self.participants, self.committed, self.healed = 0, True, False
+        self.heal_record: dict[str, float] = {}
+        self.first_step = True
+        self.received_mib = 0.0
+
+    def _local_state(self) -> dict[str, dict[str, Any]]:
+        """What a healing peer receives: every state's tensors as this rank's shards (sharing
+        storage, so that a receiving peer writes straight into them)."""
+        return {name: {key: _local(value) if isinstance(value, torch.Tensor) else value
+                       for key, value in state.state_dict().items()}
+                for name, state in self.states.items()}
+
+    def _load(self, received: dict[str, dict[str, Any]]) -> None:
+        self.received_mib = sum(v.numel() * v.element_size() for part in received.values()
+                                for v in part.values() if isinstance(v, torch.Tensor)) / 2**20
+        for name, state in self.states.items():
+            own = state.state_dict()
+            for key, value in received[name].items():
+                if isinstance(value, torch.Tensor):
+                    _local(own[key]).copy_(value)  # a no-op where received in place
+                else:
+                    own[key] = value
+            state.load_state_dict(own)
+        self.healed = True
+
+    def start_step(self) -> bool:
+        self.healed, self.heal_record = False, {}
+        start = time.perf_counter()
+        self.manager.start_quorum()  # synchronous: heals here when behind
+        self.participants = self.manager.num_participants()
+        if self.first_step and not self.healed and self.participants < self.group_size:
+            self._wait_for_all_groups()
+        self.first_step = False
+        if self.healed:
+            seconds = time.perf_counter() - start
+            self.heal_record = {"heal_seconds": seconds, "heal_mib": self.received_mib}
+            logger.info(f"replica group {self.replica_id} healed from a peer at step "
+                        f"{self.manager.current_step()}: {self.received_mib:.2f} MiB of state "
+                        f"on this rank in {seconds:.3f} s (quorum and transfer)")
+        return self.healed
+
+    def _wait_for_all_groups(self, poll_s: float = 0.2) -> None:
+        """A job's first step (a fresh start, or a whole-job restart from a checkpoint: no
+        live group is ahead to heal from) waits, up to the quorum timeout, for all
+        ``group_size`` groups: a group that started first would otherwise train steps alone,
+        on data the others then never see, and a restart would not be exact. Later steps,
+        and a group rejoining a running job, take whoever is alive."""
+        deadline = time.monotonic() + self.start_timeout_s
+        while self.participants < self.group_size and time.monotonic() < deadline:
+            time.sleep(poll_s)
+            self.manager.start_quorum()
+            self.participants = self.manager.num_participants()
+        if self.participants < self.group_size:
+            logger.warning(f"starting with {self.participants} of {self.group_size} replica "
+                           f"groups: the others did not join in {self.start_timeout_s:.0f} s")
+
+    def sum_over_groups(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` summed over the participating groups (this group's own value when a
+        collective failed: the step will not commit)."""
+        summed = value.clone()
+        self._all_reduce_sum([summed])
+        return value if self.manager.errored() else summed
+
+    def reduce_gradients(self, parts: list[nn.Module], loss: torch.Tensor) -> torch.Tensor:
+        grads = [_local(p.grad) for part in parts for p in part.parameters()
+                 if p.grad is not None]
+        summed_loss = loss.detach().clone()
+        self._all_reduce_sum([*grads, summed_loss])
+        return loss if self.manager.errored() else summed_loss
+
+    def _all_reduce_sum(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Sum ``tensors`` in place over the groups, one flat buffer per dtype; on a failure
+        they are left as they were."""
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+        from torch.distributed import ReduceOp
+
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for tensor in tensors:
+            by_dtype.setdefault(tensor.dtype, []).append(tensor)
+        flats = []
+        for group in by_dtype.values():
+            flat = _flatten_dense_tensors(group)
+            self.manager.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
+            flats.append((flat, group))
+        if self.manager.errored():
+            return
+        for flat, group in flats:
+            for tensor, summed in zip(group, _unflatten_dense_tensors(flat, group), strict=True):
+                tensor.copy_(summed)
+
+    def should_commit(self) -> bool:
+        self.committed = self.manager.should_commit()
+        return self.committed
+
+    def record(self) -> dict[str, Any]:
+        return {"participants": self.participants, "committed": self.committed,
+                "replica_id": self.replica_id, **self.heal_record}
+
+    def close(self) -> None:
+        self.manager.shutdown(wait=False)
+
+
+def build(config: JobConfig, states: dict[str, Any], step: int,
+          device: torch.device) -> SingleGroup:
+    """This group's side of the fault-tolerant job, or ``SingleGroup`` without it."""
+    if not config.fault_tolerance.enable:
+        return SingleGroup()
+    return ReplicaGroups(config, states, step, device)
+

@@ -1,0 +1,42 @@
+"""How a job that stops says why: one line ``<prefix>: <message>`` and the exit code of its
+kind (exit_codes.py) for the failures it understands, the traceback for the others; the line is
+also left for the launcher (distributed/lifecycle.record_failure). Used by the trainer's ``run``
+and by preflight, which must end the same way."""
+
+from __future__ import annotations
+
+from torchtitan_like.components.checkpoint import CheckpointError
+from torchtitan_like.components.data.sources import DataError
+from torchtitan_like.components.run_folder import DumpFolderInUse
+from torchtitan_like.components.spikes import TrainingDiverged
+from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.distributed import lifecycle
+from torchtitan_like.exit_codes import ExitCode
+from torchtitan_like.logging import logger
+
+EXPECTED_FAILURES: tuple[tuple[type[BaseException], str, ExitCode], ...] = (
+    (ConfigError, "config error", ExitCode.CONFIG),  # incl. what only the built model shows
+    (TrainingDiverged, "training diverged", ExitCode.DIVERGED),
+    (CheckpointError, "checkpoint error", ExitCode.CHECKPOINT),
+    (DataError, "data error", ExitCode.DATA),
+    (DumpFolderInUse, "dump folder in use", ExitCode.FOLDER_IN_USE),
+)
+"""Failures the job understands: one line ``<prefix>: <message>`` and their own exit code."""
+
+
+def report_failure(error: BaseException) -> int:
+    """Say why the job failed (one line, or the traceback of an unexpected error), leave the
+    line for the launcher (distributed/lifecycle.py), and return the exit code."""
+    if isinstance(error, SystemExit):  # --help, --print_config, a module that exits
+        return 0 if error.code is None else error.code if isinstance(error.code, int) else 1
+    known = [(prefix, code) for kind, prefix, code in EXPECTED_FAILURES if isinstance(error, kind)]
+    if known:
+        prefix, code = known[0]
+        line = f"{prefix}: {error}"
+        logger.error(line)
+    else:
+        logger.error("the job failed:", exc_info=error)
+        line = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
+        code = ExitCode.FAILED
+    lifecycle.record_failure(code, line)
+    return code
