@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from torchtitan_like.models.deepseek_v3.args import DeepSeekV3Args
+from torchtitan_like.models.hf_names import DTYPE_NAMES, HF_LAYER, LAYER, HFNames
 from torchtitan_like.models.moe.hf_experts import (
     STACKED_TO_HF,
     collect_expert,
@@ -72,12 +73,9 @@ _MTP_EMBEDDING = "mtp.embedding.weight"
 """The embedding's further name in our model (mtp.py holds the trunk's module): exported once,
 under its first name, and given back on import with the same tensor."""
 _OURS_MTP = re.compile(r"mtp\.depths\.(\d+)\.(.+)")
-_OURS = re.compile(r"layers\.(\d+)\.(.+)")
-_THEIRS = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _SHARDED_HINT = ("deepseek_v3 reads HuggingFace weights into a sharded model only through a "
                  "seed checkpoint: convert them with scripts/convert_hf.py and set "
                  "initial_load_path to it")
-_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 class DeepSeekV3HFAdapter:
@@ -85,8 +83,7 @@ class DeepSeekV3HFAdapter:
 
     def __init__(self, args: DeepSeekV3Args):
         self.args = args
-        self._from_block = {v: k for k, v in _BLOCK.items()}
-        self._from_top = {v: k for k, v in _TOP.items()}
+        self.names = HFNames(_TOP, _BLOCK)
 
     def _to_layer_names(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         """MTP depth k's names -> those of layer n_layers + k, as the Hub checkpoint numbers
@@ -118,17 +115,15 @@ class DeepSeekV3HFAdapter:
             if key.startswith("mtp_own."):
                 out[f"model.layers.{key.removeprefix('mtp_own.')}"] = value
                 continue
-            if key in _TOP:
-                out[_TOP[key]] = value
-                continue
-            m = _OURS.fullmatch(key)
-            if m and m.group(2) in _BLOCK:
-                out[f"model.layers.{m.group(1)}.{_BLOCK[m.group(2)]}"] = value
+            m = LAYER.fullmatch(key)
+            if (name := self.names.to_hf(key)) is not None:
+                out[name] = value
             elif m and m.group(2) in STACKED_TO_HF:
                 out.update(split_experts(m.group(1), m.group(2), value, _SHARDED_HINT))
             else:
                 raise ValueError(f"no HuggingFace name for parameter {key!r}")
-            if m.group(2) == "moe.router.gate.weight" and self.args.moe.load_balance_coeff is None:
+            unbiased = self.args.moe.load_balance_coeff is None
+            if m and m.group(2) == "moe.router.gate.weight" and unbiased:
                 # HF always has the bias; ours routes without one, i.e. with zeros.
                 out[f"model.layers.{m.group(1)}.mlp.gate.e_score_correction_bias"] = (
                     torch.zeros(self.args.moe.num_experts, dtype=torch.float32))
@@ -140,18 +135,18 @@ class DeepSeekV3HFAdapter:
         out: dict[str, Any] = {}
         experts: dict[str, dict[int, Any]] = {}
         for key, value in hf_state_dict.items():
-            if key in self._from_top:
-                out[self._from_top[key]] = value
+            if key in self.names.from_top:
+                out[self.names.from_top[key]] = value
                 continue
-            m = _THEIRS.fullmatch(key)
+            m = HF_LAYER.fullmatch(key)
             if m and int(m.group(1)) >= self.args.n_layers + self.args.mtp_depth:
                 continue  # an MTP layer this model does not train (as transformers ignores it)
             if m and collect_expert(m.group(1), m.group(2), value, experts):
                 continue
             if m and int(m.group(1)) >= self.args.n_layers and self._from_mtp(m, value, out):
                 continue
-            if m and m.group(2) in self._from_block:
-                out[f"layers.{m.group(1)}.{self._from_block[m.group(2)]}"] = value
+            if (name := self.names.from_hf(key)) is not None:
+                out[name] = value
             elif not (m and m.group(2).startswith("self_attn.rotary_emb")):
                 raise ValueError(f"unknown HuggingFace DeepseekV3 parameter {key!r}")
         out.update(stack_experts(experts))
@@ -177,7 +172,7 @@ class DeepSeekV3HFAdapter:
         """``layers.{n_layers + k}.*`` (an MTP depth's block) -> ``mtp.depths.{k}.block.*``."""
         out = {}
         for key, value in state.items():
-            m = _OURS.fullmatch(key)
+            m = LAYER.fullmatch(key)
             if m and int(m.group(1)) >= self.args.n_layers:
                 key = f"mtp.depths.{int(m.group(1)) - self.args.n_layers}.block.{m.group(2)}"
             out[key] = value
@@ -211,7 +206,7 @@ class DeepSeekV3HFAdapter:
             **self._shape(), "rope_scaling": rope_scaling, "max_position_embeddings": a.max_seq_len,
             "scoring_func": "sigmoid", "topk_method": "noaux_tc", "rope_interleave": True,
             "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False,
-            "initializer_range": 0.02, "torch_dtype": _DTYPE_NAMES[dtype],
+            "initializer_range": 0.02, "torch_dtype": DTYPE_NAMES[dtype],
             "num_nextn_predict_layers": a.mtp_depth,
         }
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from torchtitan_like.models.hf_names import DTYPE_NAMES, HFNames
 from torchtitan_like.models.llama3.args import Llama3Args, RopeScaling
 
 _TOP = {
@@ -33,10 +34,7 @@ _BLOCK = {
     "attention_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
 }
-_OURS = re.compile(r"layers\.(\d+)\.(.+)")
-_THEIRS = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _IGNORED_HF = re.compile(r".*rotary_emb\.inv_freq")  # a buffer some old exports contain
-_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 class Llama3HFAdapter:
@@ -44,19 +42,15 @@ class Llama3HFAdapter:
 
     def __init__(self, args: Llama3Args):
         self.args = args
-        self._from_block = {v: k for k, v in _BLOCK.items()}
-        self._from_top = {v: k for k, v in _TOP.items()}
+        self.names = HFNames(_TOP, _BLOCK)
 
     def to_hf(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         """Our FQNs -> HF names (values untouched, so DTensors stay shards)."""
         out = {}
         for key, value in state_dict.items():
-            if key in _TOP:
-                out[_TOP[key]] = value
-            elif (m := _OURS.fullmatch(key)) and m.group(2) in _BLOCK:
-                out[f"model.layers.{m.group(1)}.{_BLOCK[m.group(2)]}"] = value
-            else:
+            if (name := self.names.to_hf(key)) is None:
                 raise ValueError(f"no HuggingFace name for parameter {key!r}")
+            out[name] = value
         return out
 
     def from_hf(self, hf_state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -66,10 +60,8 @@ class Llama3HFAdapter:
         for key, value in hf_state_dict.items():
             if key == "lm_head.weight" and self.args.tie_word_embeddings:
                 continue
-            if key in self._from_top:
-                out[self._from_top[key]] = value
-            elif (m := _THEIRS.fullmatch(key)) and m.group(2) in self._from_block:
-                out[f"layers.{m.group(1)}.{self._from_block[m.group(2)]}"] = value
+            if (name := self.names.from_hf(key)) is not None:
+                out[name] = value
             elif not _IGNORED_HF.fullmatch(key):
                 raise ValueError(f"unknown HuggingFace Llama parameter {key!r}")
         return out
@@ -106,7 +98,7 @@ class Llama3HFAdapter:
             "attention_bias": False,
             "mlp_bias": False,
             "initializer_range": 0.02,
-            "torch_dtype": _DTYPE_NAMES[dtype],
+            "torch_dtype": DTYPE_NAMES[dtype],
         }
 
     def check_config(self, hf_config: dict[str, Any]) -> None:

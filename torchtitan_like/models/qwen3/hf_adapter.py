@@ -11,12 +11,12 @@ compute the same function: softmax gating in fp32, top-k, renormalised when ``no
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import torch
 
-from torchtitan_like.models.llama3.hf_adapter import _BLOCK, _DTYPE_NAMES, _TOP
+from torchtitan_like.models.hf_names import DTYPE_NAMES, HF_LAYER, LAYER, HFNames
+from torchtitan_like.models.llama3.hf_adapter import _BLOCK, _TOP
 from torchtitan_like.models.moe.hf_experts import (
     STACKED_TO_HF,
     collect_expert,
@@ -31,8 +31,6 @@ _QWEN3_BLOCK = {
     "attention.k_norm.weight": "self_attn.k_norm.weight",
     "moe.router.gate.weight": "mlp.gate.weight",
 }
-_OURS = re.compile(r"layers\.(\d+)\.(.+)")
-_THEIRS = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _SHARDED_HINT = ("HF expert weights are read and written by whole experts, in one process or "
                  "unsharded")
 
@@ -42,19 +40,16 @@ class Qwen3HFAdapter:
 
     def __init__(self, args: Qwen3Args):
         self.args = args
-        self._from_block = {v: k for k, v in _QWEN3_BLOCK.items()}
-        self._from_top = {v: k for k, v in _TOP.items()}
+        self.names = HFNames(_TOP, _QWEN3_BLOCK)
 
     def to_hf(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         """Our FQNs -> HF names; stacked expert weights become per-expert views (loading
         into them fills the stacked tensor in place)."""
         out = {}
         for key, value in state_dict.items():
-            m = _OURS.fullmatch(key)
-            if key in _TOP:
-                out[_TOP[key]] = value
-            elif m and m.group(2) in _QWEN3_BLOCK:
-                out[f"model.layers.{m.group(1)}.{_QWEN3_BLOCK[m.group(2)]}"] = value
+            m = LAYER.fullmatch(key)
+            if (name := self.names.to_hf(key)) is not None:
+                out[name] = value
             elif m and m.group(2) in STACKED_TO_HF:
                 out.update(split_experts(m.group(1), m.group(2), value, _SHARDED_HINT))
             else:
@@ -66,13 +61,11 @@ class Qwen3HFAdapter:
         out: dict[str, Any] = {}
         experts: dict[str, dict[int, torch.Tensor]] = {}
         for key, value in hf_state_dict.items():
-            m = _THEIRS.fullmatch(key)
+            m = HF_LAYER.fullmatch(key)
             if key == "lm_head.weight" and self.args.tie_word_embeddings:
                 continue
-            if key in self._from_top:
-                out[self._from_top[key]] = value
-            elif m and m.group(2) in self._from_block:
-                out[f"layers.{m.group(1)}.{self._from_block[m.group(2)]}"] = value
+            if (name := self.names.from_hf(key)) is not None:
+                out[name] = value
             elif not (m and collect_expert(m.group(1), m.group(2), value, experts)):
                 raise ValueError(f"unknown HuggingFace Qwen3 parameter {key!r}")
         out.update(stack_experts(experts))
@@ -90,7 +83,7 @@ class Qwen3HFAdapter:
             "rope_scaling": None, "max_position_embeddings": a.max_seq_len,
             "tie_word_embeddings": a.tie_word_embeddings, "hidden_act": "silu",
             "attention_bias": False, "initializer_range": 0.02,
-            "torch_dtype": _DTYPE_NAMES[dtype],
+            "torch_dtype": DTYPE_NAMES[dtype],
         }
         if a.moe is not None:
             config.update({
