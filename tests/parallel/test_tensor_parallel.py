@@ -35,36 +35,42 @@ WIDE = ["--model.flavor", "debugmodel", "--model.overrides.n_layers", "1"]
 BLOCKWISE = ["--float8.enable", "true", "--float8.recipe_name", "blockwise"]
 
 
+ONE = {
+    "reference": [*WHOLE, *VALIDATE],
+    "reference_tied": [*WHOLE, *TIED],
+    "reference_wide": [*WIDE, *WHOLE],
+    "reference_wide_blockwise": [*WIDE, *BLOCKWISE, *WHOLE],
+}
+TWO = {  # TP=2 alone: both ranks read the whole batch
+    "tp2": [*TP2, *WHOLE, *VALIDATE],
+    "tp2_no_loss_parallel": [*TP2, *WHOLE, "--parallelism.disable_loss_parallel", "true"],
+    "tp2_accumulation": [*TP2, *VALIDATE],  # local 2 of global 4: two microbatches
+    "tp2_selective_ac": [*TP2, *WHOLE, "--activation_checkpoint.mode", "selective"],
+    "tp2_tied": [*TP2, *WHOLE, *TIED],
+    "tp2_blockwise": [*WIDE, *BLOCKWISE, *TP2, *WHOLE],
+    "fsdp2_blockwise": [*WIDE, *BLOCKWISE],
+}
+FOUR = {  # FSDP=2 x TP=2: local batch 2 on each of 2 data-parallel ranks
+    "fsdp2_tp2": [*TP2, *VALIDATE],
+    "fsdp2_tp2_tied_no_loss_parallel": [*TP2, *TIED, "--parallelism.disable_loss_parallel",
+                                        "true"],
+    "fsdp2_tp2_compile": [*TP2, "--compile.enable", "true"],  # + its cache (the fixture's)
+}
+LAYOUTS = {**TWO, **FOUR}
+CASES = [c for c in LAYOUTS if "blockwise" not in c]
+"""Against the fp32 reference (the blockwise pair against one process with blockwise)."""
+VALIDATED = [c for c, args in LAYOUTS.items() if "--validation.enable" in args]
+BLOCKWISE_CASES = [c for c in LAYOUTS if "blockwise" in c]
+
+
 @pytest.fixture(scope="module")
 def runs(corpus, tmp_path_factory):
     root = tmp_path_factory.mktemp("tp")
-    one = launch(1, {
-        "reference": [*WHOLE, *VALIDATE],
-        "reference_tied": [*WHOLE, *TIED],
-        "reference_wide": [*WIDE, *WHOLE],
-        "reference_wide_blockwise": [*WIDE, *BLOCKWISE, *WHOLE],
-    }, root / "one", corpus)
-    two = launch(2, {  # TP=2 alone: both ranks read the whole batch
-        "tp2": [*TP2, *WHOLE, *VALIDATE],
-        "tp2_no_loss_parallel": [*TP2, *WHOLE, "--parallelism.disable_loss_parallel", "true"],
-        "tp2_accumulation": [*TP2, *VALIDATE],  # local 2 of global 4: two microbatches
-        "tp2_selective_ac": [*TP2, *WHOLE, "--activation_checkpoint.mode", "selective"],
-        "tp2_tied": [*TP2, *WHOLE, *TIED],
-        "tp2_blockwise": [*WIDE, *BLOCKWISE, *TP2, *WHOLE],
-        "fsdp2_blockwise": [*WIDE, *BLOCKWISE],
-    }, root / "two", corpus)
-    four = launch(4, {  # FSDP=2 x TP=2: local batch 2 on each of 2 data-parallel ranks
-        "fsdp2_tp2": [*TP2, *VALIDATE],
-        "fsdp2_tp2_tied_no_loss_parallel": [*TP2, *TIED, "--parallelism.disable_loss_parallel",
-                                            "true"],
-        "fsdp2_tp2_compile": [*TP2, "--compile.enable", "true",
-                              "--compile.cache_dir", str(root / "inductor")],
-    }, root / "four", corpus)
+    one = launch(1, ONE, root / "one", corpus)
+    two = launch(2, TWO, root / "two", corpus)
+    compiled = [*FOUR["fsdp2_tp2_compile"], "--compile.cache_dir", str(root / "inductor")]
+    four = launch(4, {**FOUR, "fsdp2_tp2_compile": compiled}, root / "four", corpus)
     return {**one, **two, **four}
-
-
-CASES = ["tp2", "tp2_no_loss_parallel", "tp2_accumulation", "tp2_selective_ac", "tp2_tied",
-         "fsdp2_tp2", "fsdp2_tp2_tied_no_loss_parallel", "fsdp2_tp2_compile"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -79,7 +85,7 @@ def grad_norms(records: list[dict]) -> list[float]:
     return [r["grad_norm"] for r in records if "grad_norm" in r]
 
 
-@pytest.mark.parametrize("case", ["tp2", "tp2_accumulation", "fsdp2_tp2"])
+@pytest.mark.parametrize("case", VALIDATED)
 def test_validation_matches_one_process(runs, case):
     """Validation runs its loss under loss parallel too, over the same held-out sequences at
     local batch 4 and 2 (``[validation] steps`` counts global batches)."""
@@ -89,7 +95,7 @@ def test_validation_matches_one_process(runs, case):
 
 
 
-@pytest.mark.parametrize("case", ["tp2_blockwise", "fsdp2_blockwise"])
+@pytest.mark.parametrize("case", BLOCKWISE_CASES)
 def test_blockwise_float8_matches_one_process_with_it(runs, case):
     """Emulated blockwise float8 (components/blockwise_fp8.py) under TP 2 and FSDP 2 against
     one process with it. Every scale is a function of one token row's 128 channels, one
