@@ -32,6 +32,33 @@ MOE = ["--model.name", "qwen3", "--model.flavor", "debugmodel_moe"]
 PP2_MB1 = [*PP2, "--parallelism.pipeline_parallel_microbatch_size=1"]
 
 
+ONE = {"dense": [*DENSE, *WHOLE], "moe": [*MOE, *WHOLE]}
+FOUR = {
+    "dense_cp2_tp2": [*DENSE, *WHOLE, *CP2, *TP2],
+    "dense_fsdp2_tp2_float8": [*DENSE, *TP2, "--float8.enable", "true",
+                               "--float8.emulate", "true"],
+    "moe_pp2_fsdp2": [*MOE, *PP2_MB1, "--training.local_batch_size", "2"],
+    "moe_hsdp2x2_ac": [*MOE, *HSDP,
+                       "--training.local_batch_size", "1",
+                       "--activation_checkpoint.mode", "full"],
+    # FSDP 4 x EP 2: each rank computes 4 of the 8 experts, expert weights FSDP-sharded
+    # over the 2 ranks that hold the same experts
+    "moe_fsdp4_ep2": [*MOE, "--training.local_batch_size", "1", *EP2],
+    # CP 2 x FSDP 2, EP 2 borrowing from both: an all-to-all partner may be the rank
+    # holding the other half of the same sequences; experts FSDP-sharded over 2 ranks
+    # (measured 4.8e-7, default and avx2 kernels)
+    "moe_cp2_ep2": [*MOE, *CP2, *EP2],
+    # TP 2 x FSDP 2: attention split by heads, every expert by hidden features (ETP = TP)
+    "moe_fsdp2_tp2": [*MOE, *TP2, *ETP2],
+    # compiled blocks (q/k norms inside) under FSDP 4: fused kernels reorder fp32 sums
+    # (+ an inductor cache per kernel level, the fixture's)
+    "dense_fsdp4_compile": [*DENSE, "--training.local_batch_size", "1",
+                            "--compile.enable", "true"],
+}
+PARITY = [c for c in FOUR if "float8" not in c]
+"""Against the fp32 run of the same family (the float8 case against it within FLOAT8_TOL)."""
+
+
 @pytest.fixture(scope="module")
 def runs(corpus, tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen3")
@@ -39,34 +66,13 @@ def runs(corpus, tmp_path_factory):
     level = torch.backends.cpu.get_cpu_capability().lower()
     cache = ["--compile.cache_dir", str(tmp_path_factory.getbasetemp().parent
                                         / f"inductor_{level}")]
-    one = launch(1, {"dense": [*DENSE, *WHOLE], "moe": [*MOE, *WHOLE]}, root / "one", corpus)
-    four = launch(4, {
-        "dense_cp2_tp2": [*DENSE, *WHOLE, *CP2, *TP2],
-        "dense_fsdp2_tp2_float8": [*DENSE, *TP2, "--float8.enable", "true",
-                                   "--float8.emulate", "true"],
-        "moe_pp2_fsdp2": [*MOE, *PP2_MB1, "--training.local_batch_size", "2"],
-        "moe_hsdp2x2_ac": [*MOE, *HSDP,
-                           "--training.local_batch_size", "1",
-                           "--activation_checkpoint.mode", "full"],
-        # FSDP 4 x EP 2: each rank computes 4 of the 8 experts, expert weights FSDP-sharded
-        # over the 2 ranks that hold the same experts
-        "moe_fsdp4_ep2": [*MOE, "--training.local_batch_size", "1", *EP2],
-        # CP 2 x FSDP 2, EP 2 borrowing from both: an all-to-all partner may be the rank
-        # holding the other half of the same sequences; experts FSDP-sharded over 2 ranks
-        # (measured 4.8e-7, default and avx2 kernels)
-        "moe_cp2_ep2": [*MOE, *CP2, *EP2],
-        # TP 2 x FSDP 2: attention split by heads, every expert by hidden features (ETP = TP)
-        "moe_fsdp2_tp2": [*MOE, *TP2, *ETP2],
-        # compiled blocks (q/k norms inside) under FSDP 4: fused kernels reorder fp32 sums
-        "dense_fsdp4_compile": [*DENSE, "--training.local_batch_size", "1",
-                                "--compile.enable", "true", *cache],
-    }, root / "four", corpus)
+    one = launch(1, ONE, root / "one", corpus)
+    compiled = [*FOUR["dense_fsdp4_compile"], *cache]
+    four = launch(4, {**FOUR, "dense_fsdp4_compile": compiled}, root / "four", corpus)
     return {**one, **four}
 
 
-@pytest.mark.parametrize("case", ["dense_cp2_tp2", "moe_pp2_fsdp2", "moe_hsdp2x2_ac",
-                                  "moe_fsdp4_ep2", "moe_cp2_ep2", "moe_fsdp2_tp2",
-                                  "dense_fsdp4_compile"])
+@pytest.mark.parametrize("case", PARITY)
 def test_matches_one_process(runs, case):
     reference = runs[case.split("_")[0]]
     assert len(losses(runs[case])) == 5
