@@ -84,6 +84,7 @@ from pathlib import Path
 import pytest
 import torch
 from harness import FP32_PARITY_TOL, assert_close, assert_float8_drift, launch, losses
+from layouts import CP2, ETP2, HSDP, PP2, TP2
 
 TOL = 1e-5
 COMPILE_TOL = FP32_PARITY_TOL  # class (b): fused kernels reorder fp32 sums
@@ -91,8 +92,8 @@ WORKER = Path(__file__).parent / "moe_worker.py"
 MOE = ["--model.name", "deepseek_v3", "--model.flavor", "debugmodel", "--training.steps", "3"]
 # TP 2 (EP 1): MLA split by heads, every expert by hidden features (ETP = TP); run eager with
 # the aux loss (tp2_aux) and compiled (tp2_etp2_compile), which between them cover it
-TP2_ETP2 = ["--parallelism.tensor_parallel_degree", "2",
-            "--parallelism.expert_tensor_parallel_degree", "2", "--training.local_batch_size", "4"]
+TP2_ETP2 = [*TP2,
+            *ETP2, "--training.local_batch_size", "4"]
 STEPS = 3
 
 
@@ -103,7 +104,6 @@ def ep(degree: int, *more: str) -> list[str]:
 LOCAL1 = ["--training.local_batch_size", "1"]
 VALIDATE = ["--validation.enable", "true", "--validation.freq", "3", "--validation.steps", "2"]
 VALIDATED = ["ep2", "fsdp4_ep2"]
-CP2 = ["--parallelism.context_parallel_degree", "2"]
 SAVE = ["--checkpoint.enable", "true", "--checkpoint.interval", "1"]
 TWO = {
     "ep2": ep(2, *SAVE, *VALIDATE),  # dense FSDP over the same 2 ranks; experts: 4 per rank
@@ -112,13 +112,13 @@ TWO = {
     "ep2_from_one": ep(2, *SAVE),  # resumes the one-process step-1 checkpoint
     "ep2_aux": [*ep(2), "--model.flavor", "debugmodel_aux"],  # aux loss on, no bias
     # TP 2 x EP 2, ETP 1: EP borrows the TP pair, each rank routes its own sequence shard
-    "tp2_ep2_etp1": ep(2, "--parallelism.tensor_parallel_degree", "2",
+    "tp2_ep2_etp1": ep(2, *TP2,
                        "--training.local_batch_size", "4"),
     # the aux loss inside the MoE's local TP region: each TP rank adds 1/2 of its gradient
     "tp2_aux": [*MOE, "--model.flavor", "debugmodel_aux", *TP2_ETP2],
     # the aux loss under ETP 1: each sequence's counts summed over the TP pair holding its halves
     "tp2_ep2_etp1_aux": ep(2, "--model.flavor", "debugmodel_aux",
-                           "--parallelism.tensor_parallel_degree", "2",
+                           *TP2,
                            "--training.local_batch_size", "4"),
     # CP 2: ring attention over head-tail chunks, MLA's narrower values padded for the ring
     "cp2": [*MOE, *CP2, "--training.local_batch_size", "4"],
@@ -127,15 +127,15 @@ TWO = {
                 "4"],
 }
 FOUR = {
-    "hsdp_2x2_ep2": ep(2, "--parallelism.data_parallel_replicate_degree", "2", *LOCAL1),
+    "hsdp_2x2_ep2": ep(2, *HSDP, *LOCAL1),
     "fsdp4_ep2": ep(2, *LOCAL1, *VALIDATE),  # experts FSDP-sharded over the 2 ranks sharing
     # TP 2 x EP 2 (ETP = TP): experts on the (ep, etp) mesh, EP over the dp_shard pair
-    "tp2_ep2_etp2": ep(2, "--parallelism.tensor_parallel_degree", "2",
-                       "--parallelism.expert_tensor_parallel_degree", "2"),
-    "pp2_ep2": ep(2, "--parallelism.pipeline_parallel_degree", "2",  # 1F1B, 2 microbatches
+    "tp2_ep2_etp2": ep(2, *TP2,
+                       *ETP2),
+    "pp2_ep2": ep(2, *PP2,  # 1F1B, 2 microbatches
                   "--parallelism.pipeline_parallel_microbatch_size", "1"),
     # FSDP 2 x TP 2 x EP 2, ETP 1: EP over each TP pair, experts FSDP-sharded over dp_shard
-    "fsdp2_tp2_ep2_etp1": ep(2, "--parallelism.tensor_parallel_degree", "2"),
+    "fsdp2_tp2_ep2_etp1": ep(2, *TP2),
     # CP 2 x FSDP 2, EP 2 borrowing from both (dp_shard x cp = 4 = efsdp 2 x ep 2)
     "cp2_ep2": ep(2, *CP2),
 }
@@ -160,12 +160,12 @@ MTP_TWO = {
     "tp2_mtp": [*MOE, *TP2_ETP2, *MTP],  # its norms and projection sequence parallel
     # PP 2 (1F1B, 4 microbatches): the MTP depth on the last stage with its copy of the
     # embedding (tied across stages), the token ids and labels as stage inputs
-    "pp2_mtp": [*MOE, *MTP, "--parallelism.pipeline_parallel_degree", "2",
+    "pp2_mtp": [*MOE, *MTP, *PP2,
                 "--training.local_batch_size", "4",
                 "--parallelism.pipeline_parallel_microbatch_size", "1"],
 }
 MTP_FOUR = {  # PP 2 x TP 2: the last stage's copy of the embedding split as the first's
-    "pp2_tp2_mtp": [*MOE, *TP2_ETP2, *MTP, "--parallelism.pipeline_parallel_degree", "2",
+    "pp2_tp2_mtp": [*MOE, *TP2_ETP2, *MTP, *PP2,
                     "--parallelism.pipeline_parallel_microbatch_size", "2"],
 }
 
