@@ -133,7 +133,7 @@ class FaultInjector:
     def spike(self, step: int, loss_normaliser: torch.Tensor) -> torch.Tensor:
         """The step's loss normaliser (its labelled tokens), divided by ``spike_scale`` at
         ``spike_step``: that step's loss and gradients come out ``spike_scale`` times larger."""
-        if step == self.spike_step:
+        if self.spike_step and step == self.spike_step:  # 0: no spike
             logger.warning(f"fault injection: step {step}'s loss scaled by {self.spike_scale:g}")
             return loss_normaliser / self.spike_scale
         return loss_normaliser

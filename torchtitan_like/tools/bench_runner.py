@@ -1,10 +1,11 @@
 """The machinery the training-step benchmarks under scripts/ share: a benchmark script runs
 itself under torchrun with ``--worker SPEC`` (a JSON file of cases, steps and warmup); each
-worker builds every case's real Trainer, times ``train_step`` on one fixed batch between
-barriers, and prints ``BENCH {json}`` lines that the launching process collects."""
+worker builds every case's real Trainer, times ``train_step`` on a fresh copy of one fixed
+batch between barriers, and prints ``BENCH {json}`` lines that the launching process collects."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -58,14 +59,19 @@ def worker_cases(spec_file: str) -> Iterator[tuple[str, Any, list, dict[str, Any
 def timed_steps(trainer: Any, batches: list, *, steps: int,
                 warmup: int) -> list[tuple[float, float]]:
     """(wall seconds, this process's CPU seconds) of each timed ``train_step``, every step
-    between two barriers so that all ranks time the same step."""
+    between two barriers so that all ranks time the same step.
+
+    Each step gets its own copy of ``batches`` (made before the clock starts): a step may
+    consume its batch in place, as context parallelism shards inputs and labels along the
+    sequence and leaves them sharded; reused, the next step would train on a quarter."""
     import torch.distributed as dist
 
     times = []
     for i in range(warmup + steps):
+        fresh = copy.deepcopy(batches)
         dist.barrier()
         start, cpu = time.perf_counter(), time.process_time()
-        trainer.train_step(batches)
+        trainer.train_step(fresh)
         busy = time.process_time() - cpu
         dist.barrier()
         if i >= warmup:
