@@ -8,7 +8,10 @@ the groups; the second, restarted from group 0's latest persistent checkpoint (w
 ``CKPT_INTERVAL`` steps, by group 0 only, into the shared folder), dies inside healing from
 group 0; the third heals (model, optimizer, LR schedule, step, RNG and data position over the
 managed process group), trains with group 0, and dies where group 0 starts writing
-checkpoint ``SAVE_STEP``; the fourth loads that checkpoint, heals and trains to the end.
+checkpoint ``SAVE_STEP``; the fourth (``--max-restarts=1``) loads that checkpoint, heals,
+trains, and loses its rank 1 alone after step ``WORKER_STEP``: torchrun restarts its
+workers, which load the checkpoint again, heal in a fresh per-attempt store
+(fault_tolerance.attempt_store) and train to the end.
 Group 0 runs once throughout. Checked:
 
 - (a) no failure yet: the steps both groups committed before the first kill have the
@@ -55,10 +58,12 @@ from harness import (
 STEPS = 16
 KILL_STEP = 6
 SAVE_STEP = 12
+WORKER_STEP = 14
 KILLS = [f"allreduce:{KILL_STEP}", "heal", f"save:{SAVE_STEP}"]
 """Group 1's killed launches (ft_trainer.py's KILL_ENV): inside step KILL_STEP's gradient
 all-reduce; restarted, inside its healing; restarted, it heals and trains until group 0
-starts writing checkpoint SAVE_STEP, where it dies again; its fourth launch heals and ends."""
+starts writing checkpoint SAVE_STEP, where it dies again; its fourth launch heals, loses a
+worker after WORKER_STEP (torchrun restarts the group's workers), heals again and ends."""
 CKPT_INTERVAL = 4
 # A constant LR after warmup: the one-process reference of the first steps needs no more steps.
 LR = ["--lr_scheduler.decay_ratio", "0"]
@@ -85,12 +90,12 @@ def _lighthouse(log: Path) -> tuple[subprocess.Popen, str]:
 
 
 def _group(replica_id: int, root: Path, corpus: Path, lighthouse: str,
-           kill: str = "") -> subprocess.Popen:
+           kill: str = "", max_restarts: int = 0) -> subprocess.Popen:
     ft = ["--fault_tolerance.enable", "true", "--fault_tolerance.replica_id", str(replica_id),
           "--fault_tolerance.group_size", "2", "--fault_tolerance.manager_hostname", "localhost",
           "--fault_tolerance.process_group_timeout_ms", "5000", "--job.trainer", TRAINER]
     cmd = torchrun_argv(2, "-m", "torchtitan_like.train",
-                        *job_args([*GROUP_ARGS, *ft], root, corpus), max_restarts=0,
+                        *job_args([*GROUP_ARGS, *ft], root, corpus), max_restarts=max_restarts,
                         launcher="torchtitan_like.launch")
     log = (root / f"group{replica_id}.log").open("a")
     return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
@@ -115,7 +120,7 @@ def run(corpus, tmp_path_factory):
             code = killed.wait(timeout=240)
             assert code == -signal.SIGKILL, (code, (root / "group1.log").read_text()[-6000:])
             assert survivor.poll() is None, (root / "group0.log").read_text()[-6000:]
-        restarted = _group(1, root, corpus, address)
+        restarted = _group(1, root, corpus, address, f"worker:{WORKER_STEP}", max_restarts=1)
         _wait(survivor, root / "group0.log")
         _wait(restarted, root / "group1.log")
     finally:
@@ -181,13 +186,16 @@ def test_the_kills_hit_their_points_and_the_survivor_never_restarts(run):
     assert by_rank0[0] == ("allreduce", KILL_STEP) and by_rank0[2] == ("save", SAVE_STEP)
     assert len(by_rank0) == 3 and by_rank0[1][0] == "heal"
     assert by_rank0[1][1] % CKPT_INTERVAL == 0  # its step then: the checkpoint's it loaded
+    assert [(k["point"], k["step"]) for k in kills if k["rank"] == 1][-1] == (
+        "worker", WORKER_STEP)  # the last launch's rank 1, alone
     for rank in (0, 1):
         launches = _pids(root / "replica_1", rank)
-        assert len(launches) == 4 and not any(_alive(pid) for pid in launches[:3])
+        assert len(launches) == 5 and not any(_alive(pid) for pid in launches[:4])
         survivor = _pids(root / "replica_0", rank)
         final = torch.load(root / "replica_0" / f"final_state_rank{rank}.pt")
         assert survivor == [final["pid"]]
-        assert final["pid"] != torch.load(root / "replica_1" / f"final_state_rank{rank}.pt")["pid"]
+        restarted = torch.load(root / "replica_1" / f"final_state_rank{rank}.pt")
+        assert restarted["pid"] == launches[-1] != final["pid"]
 
 
 def test_survivor_continues_alone_and_the_restarted_group_heals(run):
@@ -202,11 +210,13 @@ def test_survivor_continues_alone_and_the_restarted_group_heals(run):
     assert all(r["committed"] for r in steps0)
     healed = sorted({int(s) for s in re.findall(r"healed from a peer at step (\d+)",
                                                   (root / "group1.log").read_text())})
-    assert len(healed) == 2  # the heal-killed launch never finished healing
+    assert len(healed) == 3  # the heal-killed launch never finished healing
+    assert healed[1] < WORKER_STEP <= healed[2]  # torchrun's restart of the last one healed
     alone = [r["step"] for r in steps0 if r["participants"] == 1]
     first = alone[0]
     assert first in (KILL_STEP, KILL_STEP + 1)
-    assert alone == [*range(first, healed[0] + 1), *range(SAVE_STEP + 1, healed[1] + 1)]
+    assert alone == [*range(first, healed[0] + 1), *range(SAVE_STEP + 1, healed[1] + 1),
+                     *range(WORKER_STEP + 1, healed[2] + 1)]
     heal_kill = [r for r in group0 if r.get("committed") is False and r["participants"] == 2
                  and first < r["step"] <= healed[0] + 1]
     assert heal_kill  # the step group 1 joined, healed into, and died in: not committed
@@ -216,10 +226,14 @@ def test_survivor_continues_alone_and_the_restarted_group_heals(run):
     loaded = [r["step"] for r in records1 if r.get("resumed")]
     assert loaded[-1] == SAVE_STEP and all(s % CKPT_INTERVAL == 0 for s in loaded)
     assert loaded[0] < healed[0] and loaded[-1] < healed[1]  # behind: each had to heal
+    # committed once, with group 0; the records of steps healed[1] + 1 .. WORKER_STEP were
+    # dropped by the restarted workers' resume from checkpoint SAVE_STEP (metrics.py)
     together = [*range(1, first), *range(healed[0] + 1, SAVE_STEP + 1),
-                *range(healed[1] + 1, STEPS + 1)]
+                *range(healed[2] + 1, STEPS + 1)]
     steps1 = _steps(records1)
-    assert [r["step"] for r in steps1] == together  # committed once, with group 0
+    assert [r["step"] for r in steps1] == together
+    log1 = (root / "group1.log").read_text()
+    assert log1.count("restarting the job (restart 1 of 1)") == 1  # the worker's death
     by_step = {r["step"]: r for r in steps0}
     assert all(r["loss"] == by_step[r["step"]]["loss"] for r in steps1)
     assert all(by_step[s]["participants"] == 2 for s in together)

@@ -14,8 +14,9 @@ It trains exactly like the built-in Trainer, with these additions for the test:
   group's tensors, not yet loaded into its states), ``save:<k>`` where group 0 starts
   writing checkpoint k. Every rank of the group kills itself there; rank 0 first kills the
   group's torchrun agent (``lifecycle.AGENT_PID_ENV``), so the agent and all workers die, as
-  in a node failure. Before dying a rank appends its point,
-  step, pid and rank to ``kills.jsonl`` in its group's dump folder (where it died);
+  in a node failure. ``worker:<k>`` kills rank 1 alone at that point of step k: its agent
+  restarts the group's workers (a kill only in the launch's first attempt). Before dying a
+  rank appends its point, step, pid and rank to ``kills.jsonl`` in its group's dump folder;
 - every rank appends its pid to ``pids_rank<r>.txt`` when it starts (a survivor that never
   restarted has exactly one line, equal to the pid of its final state); at the end every rank
   saves its shard of the parameters and optimizer states (``final_state_rank<r>.pt`` in its
@@ -56,19 +57,24 @@ class FTTestTrainer(Trainer):
         with (self._folder / f"pids_rank{dist.get_rank()}.txt").open("a") as f:
             f.write(f"{os.getpid()}\n")
         point = os.environ.get(KILL_ENV, "")
+        if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+            point = ""  # torchrun restarted this launch's workers: its kill happened
         if point.startswith("allreduce:"):
             self._arm_allreduce_kill(int(point.split(":")[1]))
         elif point == "heal":
             self._arm_heal_kill()
         elif point.startswith("save:"):
             self._arm_save_kill(int(point.split(":")[1]))
+        elif point.startswith("worker:") and dist.get_rank() == 1:
+            self._arm_save_kill(int(point.split(":")[1]), agent=False)
 
-    def _die(self, point: str) -> None:
-        """SIGKILL the group here: rank 0 its agent first, then every rank itself."""
+    def _die(self, point: str, agent: bool = True) -> None:
+        """SIGKILL the group here: rank 0 its agent first, then every rank itself (or, not
+        ``agent``, only this worker: its agent restarts the group's workers)."""
         with (self._folder / "kills.jsonl").open("a") as f:
             f.write(json.dumps({"point": point, "step": self.step, "pid": os.getpid(),
                                 "rank": dist.get_rank()}) + "\n")
-        if dist.get_rank() == 0:
+        if agent and dist.get_rank() == 0:
             os.kill(int(os.environ[AGENT_PID_ENV]), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -103,7 +109,7 @@ class FTTestTrainer(Trainer):
 
         fns["default"] = load_then_die
 
-    def _arm_save_kill(self, step: int) -> None:
+    def _arm_save_kill(self, step: int, agent: bool = True) -> None:
         """Die where group 0 starts writing checkpoint ``step`` (the end of that committed
         step, after its metrics: the point of the trainer's ``save``; this group writes none,
         and the groups are in lockstep there, both past the step's commit)."""
@@ -112,7 +118,7 @@ class FTTestTrainer(Trainer):
         def after_step_then_die(done: int) -> None:
             after_step(done)
             if done == step:
-                self._die("save")
+                self._die("save" if agent else "worker", agent)
 
         self.faults.after_step = after_step_then_die
 
