@@ -232,6 +232,20 @@ def test_survivor_continues_alone_and_the_restarted_group_heals(run):
                 *range(healed[2] + 1, STEPS + 1)]
     steps1 = _steps(records1)
     assert [r["step"] for r in steps1] == together
+    # torchft's batches_committed (participants summed over committed steps), as each group-1
+    # start loaded it (a checkpoint's, derived from its tokens_seen) and at the end
+    counted = [0]
+    for r in steps0:
+        counted.append(counted[-1] + r["participants"])
+    for rank in (0, 1):
+        starts = [json.loads(line) for line in (root / "replica_1" / f"starts_rank{rank}.jsonl")
+                  .open()]
+        steps = [s["step"] for s in starts]  # 5 starts: 0, the heal-killed one's, `loaded`
+        assert len(steps) == 5 and steps[0] == 0 and steps[2:] == loaded
+        assert steps[1] % CKPT_INTERVAL == 0
+        assert all(s["batches_committed"] == counted[s["step"]] for s in starts)
+        final = torch.load(root / "replica_0" / f"final_state_rank{rank}.pt")
+        assert final["batches_committed"] == counted[STEPS]
     log1 = (root / "group1.log").read_text()
     assert log1.count("restarting the job (restart 1 of 1)") == 1  # the worker's death
     by_step = {r["step"]: r for r in steps0}

@@ -18,7 +18,8 @@ It trains exactly like the built-in Trainer, with these additions for the test:
   restarts the group's workers (a kill only in the launch's first attempt). Before dying a
   rank appends its point, step, pid and rank to ``kills.jsonl`` in its group's dump folder;
 - every rank appends its pid to ``pids_rank<r>.txt`` when it starts (a survivor that never
-  restarted has exactly one line, equal to the pid of its final state); at the end every rank
+  restarted has exactly one line, equal to the pid of its final state) and its step and
+  torchft's ``batches_committed`` as loaded to ``starts_rank<r>.jsonl``; at the end every rank
   saves its shard of the parameters and optimizer states (``final_state_rank<r>.pt`` in its
   group's dump folder) and its pid, for the bitwise comparison across groups.
 """
@@ -56,6 +57,9 @@ class FTTestTrainer(Trainer):
         self._folder = Path(config.job.dump_folder)
         with (self._folder / f"pids_rank{dist.get_rank()}.txt").open("a") as f:
             f.write(f"{os.getpid()}\n")
+        with (self._folder / f"starts_rank{dist.get_rank()}.jsonl").open("a") as f:
+            f.write(json.dumps({"step": self.step,
+                                "batches_committed": self.ft.manager.batches_committed()}) + "\n")
         point = os.environ.get(KILL_ENV, "")
         if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
             point = ""  # torchrun restarted this launch's workers: its kill happened
@@ -141,5 +145,6 @@ class FTTestTrainer(Trainer):
         state.update({f"optimizer.{k}": _local(v) if isinstance(v, torch.Tensor) else v
                       for k, v in self.checkpointer.states["optimizer"].state_dict().items()})
         state["pid"] = os.getpid()
+        state["batches_committed"] = self.ft.manager.batches_committed()
         torch.save(state, Path(self.config.job.dump_folder,
                                f"final_state_rank{dist.get_rank()}.pt"))

@@ -168,10 +168,12 @@ class SingleGroup:
 class ReplicaGroups(SingleGroup):
     """This group's torchft Manager; ``states`` are the Stateful parts of the trainer's state
     (the checkpoint's: model, optimizer, lr_scheduler, dataloader, train_state) sent to and
-    received from a peer when healing. ``step`` is the trainer's (loaded from a checkpoint)."""
+    received from a peer when healing. ``step`` is the trainer's (loaded from a checkpoint),
+    ``batches_committed`` the replica-group batches committed up to it (torchft's count: the
+    participants summed over the committed steps; healing replaces both by the peer's)."""
 
     def __init__(self, config: JobConfig, states: dict[str, Any], step: int,
-                 device: torch.device):
+                 device: torch.device, batches_committed: int = 0):
         from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
         from torchft.checkpointing.pg_transport import PGTransport
 
@@ -197,7 +199,7 @@ class ReplicaGroups(SingleGroup):
             init_sync=False,  # every group initialises the same weights from the same seed
             store_addr=store_addr, store_port=store_port, **host,
         )
-        self.manager.load_state_dict({"step": step, "batches_committed": 0})
+        self.manager.load_state_dict({"step": step, "batches_committed": batches_committed})
         self.participants, self.committed, self.healed = 0, True, False
         self.heal_record: dict[str, float] = {}
         self.first_step = True
@@ -300,10 +302,16 @@ class ReplicaGroups(SingleGroup):
         self.manager.shutdown(wait=False)
 
 
-def build(config: JobConfig, states: dict[str, Any], step: int,
-          device: torch.device) -> SingleGroup:
-    """This group's side of the fault-tolerant job, or ``SingleGroup`` without it."""
+def build(config: JobConfig, states: dict[str, Any], step: int, device: torch.device,
+          batches_committed: int = 0) -> SingleGroup:
+    """This group's side of the fault-tolerant job, or ``SingleGroup`` without it.
+
+    ``batches_committed`` (torchft's count of replica-group batches committed) is not in the
+    checkpoint of its own: the trainer derives it from the checkpoint's ``tokens_seen``, which
+    adds one group's share of tokens per participant of each committed step, so
+    batches_committed = tokens_seen / (one group's tokens per step), exact while the batch
+    shape of the job stays the one it was trained with."""
     if not config.fault_tolerance.enable:
         return SingleGroup()
-    return ReplicaGroups(config, states, step, device)
+    return ReplicaGroups(config, states, step, device, batches_committed)
 
