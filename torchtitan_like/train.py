@@ -187,7 +187,11 @@ class Trainer:
             tied_aliases=self.tied.aliases,
         )
         self.checkpointer.load()
-        self.ft = fault_tolerance.build(config, self.checkpointer.states, self.step, self.device)
+        t = config.training  # the tokens of one replica group's batch share in one step
+        share = (self.grad_accumulation_steps * t.local_batch_size * t.seq_len
+                 * self.parallel_dims.dp)
+        self.ft = fault_tolerance.build(config, self.checkpointer.states, self.step, self.device,
+                                        batches_committed=self.tokens_seen // share)
 
     def _build_metrics_and_contexts(self, config: JobConfig, spec: ModelSpec) -> None:
         # 10. Metrics (a resumed run continues its metrics.jsonl), autocast, CP, profiler.

@@ -238,6 +238,23 @@ def test_from_job_config_reads_the_debug_config():
     assert (layout.dp_shard, layout.local_batch_size, layout.ac) == (2, 8, "2")
 
 
+def test_from_job_config_counts_replica_groups_as_dp_replicate(monkeypatch):
+    """[fault_tolerance] group_size groups share --num_gpus: planned as HSDP's dp_replicate,
+    the global batch split over every group's ranks (validate.grad_accumulation_steps)."""
+    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://localhost:29510")
+    ft = ["--fault_tolerance.enable", "true", "--fault_tolerance.group_size", "2"]
+    config = build_job_config(["--job.config_file", "train_configs/debug_model.toml", *ft,
+                               "--training.global_batch_size", "32"])
+    _, work, layout = from_job_config(config, 4)
+    assert (layout.dp_replicate, layout.dp_shard, work.global_batch) == (2, 2, 32)
+    hsdp = build_job_config(["--job.config_file", "train_configs/debug_model.toml",
+                             "--parallelism.data_parallel_replicate_degree", "2",
+                             "--training.global_batch_size", "32"])
+    assert from_job_config(hsdp, 4)[2] == layout
+    with pytest.raises(LayoutError, match="group_size = 2"):
+        from_job_config(config, 3)
+
+
 def test_bf16_moments_count_2_plus_2_bytes_per_parameter():
     """[optimizer] state_dtype = "bfloat16": Adam's two states at 2 bytes each, not 4."""
     fp32, bf16 = (from_job_config(build_job_config(

@@ -29,6 +29,7 @@ from __future__ import annotations
 import datetime
 import importlib.util
 import os
+import socket
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -103,6 +104,32 @@ def data_share(config: JobConfig, dp_rank: int, dp_degree: int) -> tuple[int, in
     return ft.replica_id * dp_degree + dp_rank, ft.group_size * dp_degree
 
 
+def attempt_store(hostname: str, timeout: datetime.timedelta) -> tuple[Any, str, int]:
+    """A fresh store for this torchrun attempt's torchft Manager: (the store, its host, port).
+
+    The Manager meets its group's ranks in the TCPStore at the address it is given, under
+    fixed keys (the manager server's address, the replica id). torchrun's own store outlives
+    the attempts of a restarted group (``MAX_RESTARTS`` > 0): the restarted ranks would read
+    the previous attempt's keys, and a rank that reads the dead manager's address before the
+    new rank 0 overwrites it never joins (rank 0's quorum times out). So rank 0 of every
+    attempt serves a new store on a free port (bound before its port is published: no race)
+    and publishes it in torchrun's store under the attempt's prefix, the prefix the job's
+    process group already meets under (distributed/utils.py)."""
+    import torch.distributed as dist
+
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    key = f"/attempt_{attempt}/torchft_store"
+    job = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                        is_master=False, timeout=timeout, wait_for_workers=False)
+    own = None
+    if int(os.environ["RANK"]) == 0:
+        host = hostname or socket.gethostname()
+        own = dist.TCPStore(host, 0, is_master=True, timeout=timeout, wait_for_workers=False)
+        job.set(key, f"{host}:{own.port}")
+    host, port = job.get(key).decode().rsplit(":", 1)
+    return own, host, int(port)
+
+
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor this rank holds (a DTensor's shard), sharing its storage."""
     local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
@@ -141,10 +168,12 @@ class SingleGroup:
 class ReplicaGroups(SingleGroup):
     """This group's torchft Manager; ``states`` are the Stateful parts of the trainer's state
     (the checkpoint's: model, optimizer, lr_scheduler, dataloader, train_state) sent to and
-    received from a peer when healing. ``step`` is the trainer's (loaded from a checkpoint)."""
+    received from a peer when healing. ``step`` is the trainer's (loaded from a checkpoint),
+    ``batches_committed`` the replica-group batches committed up to it (torchft's count: the
+    participants summed over the committed steps; healing replaces both by the peer's)."""
 
     def __init__(self, config: JobConfig, states: dict[str, Any], step: int,
-                 device: torch.device):
+                 device: torch.device, batches_committed: int = 0):
         from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
         from torchft.checkpointing.pg_transport import PGTransport
 
@@ -160,15 +189,17 @@ class ReplicaGroups(SingleGroup):
         pg_cls = ProcessGroupGloo if ft.process_group == "gloo" else ProcessGroupNCCL
         pg = pg_cls(timeout=timeout)
         host = {"hostname": ft.manager_hostname} if ft.manager_hostname else {}
+        self._store, store_addr, store_port = attempt_store(  # rank 0 may arrive late
+            ft.manager_hostname, datetime.timedelta(seconds=self.start_timeout_s))
         self.manager = Manager(
             pg=pg, load_state_dict=self._load, state_dict=self._local_state,
             min_replica_size=ft.min_replica_size, use_async_quorum=False, timeout=timeout,
             replica_id=f"replica_{ft.replica_id}",
             checkpoint_transport=PGTransport(pg, timeout, device, state_dict=self._local_state),
             init_sync=False,  # every group initialises the same weights from the same seed
-            **host,
+            store_addr=store_addr, store_port=store_port, **host,
         )
-        self.manager.load_state_dict({"step": step, "batches_committed": 0})
+        self.manager.load_state_dict({"step": step, "batches_committed": batches_committed})
         self.participants, self.committed, self.healed = 0, True, False
         self.heal_record: dict[str, float] = {}
         self.first_step = True
@@ -271,10 +302,16 @@ class ReplicaGroups(SingleGroup):
         self.manager.shutdown(wait=False)
 
 
-def build(config: JobConfig, states: dict[str, Any], step: int,
-          device: torch.device) -> SingleGroup:
-    """This group's side of the fault-tolerant job, or ``SingleGroup`` without it."""
+def build(config: JobConfig, states: dict[str, Any], step: int, device: torch.device,
+          batches_committed: int = 0) -> SingleGroup:
+    """This group's side of the fault-tolerant job, or ``SingleGroup`` without it.
+
+    ``batches_committed`` (torchft's count of replica-group batches committed) is not in the
+    checkpoint of its own: the trainer derives it from the checkpoint's ``tokens_seen``, which
+    adds one group's share of tokens per participant of each committed step, so
+    batches_committed = tokens_seen / (one group's tokens per step), exact while the batch
+    shape of the job stays the one it was trained with."""
     if not config.fault_tolerance.enable:
         return SingleGroup()
-    return ReplicaGroups(config, states, step, device)
+    return ReplicaGroups(config, states, step, device, batches_committed)
 

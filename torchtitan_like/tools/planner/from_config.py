@@ -13,6 +13,7 @@ from torchtitan_like.tools.planner.inputs import (
     GPU,
     Cluster,
     Layout,
+    LayoutError,
     ModelShape,
     Precision,
     Workload,
@@ -52,13 +53,28 @@ def _precision(config: JobConfig) -> Precision:
                      reduce_bytes=DTYPES[t.mixed_precision_reduce].itemsize)
 
 
+def replica_groups(config: JobConfig, num_gpus: int) -> tuple[int, int]:
+    """(groups, GPUs per group) of a job on ``num_gpus`` GPUs in all: under
+    ``[fault_tolerance] enable`` the replica groups are the job's dp_replicate dimension
+    (distributed/fault_tolerance.py: each group its own torchrun job with dp_replicate = 1
+    inside), so ``group_size`` groups of ``num_gpus / group_size`` GPUs; else one group."""
+    ft = config.fault_tolerance
+    groups = ft.group_size if ft.enable else 1
+    if num_gpus % groups:
+        raise LayoutError(f"--num_gpus {num_gpus} is not a multiple of [fault_tolerance] "
+                          f"group_size = {groups} (the replica groups share the GPUs equally)")
+    return groups, num_gpus // groups
+
+
 def from_job_config(config: JobConfig, num_gpus: int) -> tuple[ModelShape, Workload, Layout]:
-    """Model, workload and layout of a job config run on ``num_gpus`` GPUs."""
+    """Model, workload and layout of a job config run on ``num_gpus`` GPUs (in all: replica
+    groups included, as the planner's dp_replicate, whose ranks shard and hold the same)."""
     from torchtitan_like.models.registry import model_spec_and_args
 
     _, args = model_spec_and_args(config)
     t, p = config.training, config.parallelism
-    dims = ParallelDims.from_config(config, num_gpus)
+    groups, per_group = replica_groups(config, num_gpus)
+    dims = ParallelDims.from_config(config, per_group)
     pipelined = dims.pp > 1
     microbatch = p.pipeline_parallel_microbatch_size if pipelined else t.local_batch_size
     if pipelined:  # the layout keeps microbatches per schedule, not the local batch: check it
@@ -66,7 +82,7 @@ def from_job_config(config: JobConfig, num_gpus: int) -> tuple[ModelShape, Workl
                                         t.local_batch_size, microbatch)
     reshard = {"default": None, "always": True, "never": False}[p.fsdp_reshard_after_forward]
     compiled = config.compile.compiles_blocks
-    layout = Layout(dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard, cp=dims.cp,
+    layout = Layout(dp_replicate=dims.dp_replicate * groups, dp_shard=dims.dp_shard, cp=dims.cp,
                     tp=dims.tp, pp=dims.pp, local_batch_size=microbatch, ac=ac_of(config),
                     pp_schedule=p.pipeline_parallel_schedule,
                     pp_virtual_stages=stages_per_rank(p),
@@ -82,5 +98,6 @@ def from_job_config(config: JobConfig, num_gpus: int) -> tuple[ModelShape, Workl
     workload = Workload(seq_len=t.seq_len, precision=_precision(config),
                         attn_mask_type=config.model.attn_mask_type,
                         global_batch=layout_rules.global_batch(t.global_batch_size,
-                                                               t.local_batch_size, dims.dp))
+                                                               t.local_batch_size,
+                                                               dims.dp * groups))
     return ModelShape.from_args(args), workload, layout
