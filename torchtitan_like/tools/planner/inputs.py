@@ -59,6 +59,12 @@ class GPU:
     backward counted at 2.5 x the forward's FLOPs): FlashAttention-2 reaches about 35% of an
     H100's bf16 peak (Shah et al., "FlashAttention-3", 2024, section 1), PyTorch's SDPA runs
     FA2-class kernels; every GPU preset takes it (no per-GPU source)."""
+    comm_overlaps_compute: bool = True
+    """Whether data-parallel traffic (FSDP's gathers and reductions, HSDP's all-reduce) runs
+    beside compute, as a GPU's copy engines and NICs let it. False for a CPU process: gloo's
+    transfers and FSDP's copies run on the cores that compute (scripts/
+    bench_planner_structure.py: a 100M block's all-gather took 24 ms of CPU in 29 ms), so
+    they add to the step whole."""
     intra_node_latency_s: float = 5e-6
     """Seconds each ring step (hop) in a node costs beside its bytes; with
     ``inter_node_latency_s``, an assumption of the order of NCCL's per-hop latency over NVLink
@@ -92,7 +98,8 @@ GPUS: dict[str, GPU] = {
 }
 
 CPU = GPU("CPU", memory_gib=1024.0, peak_tflops=1.0, intra_node_gbps=1.0, inter_node_gbps=1.0,
-          fused_rms_norm=False, fused_attention_any_v_dim=False, attention_fp32=True)
+          fused_rms_norm=False, fused_attention_any_v_dim=False, attention_fp32=True,
+          comm_overlaps_compute=False)
 """This machine, for checking the memory model against measurement (scripts/
 validate_plan_memory.py); only its memory model means anything."""
 

@@ -187,8 +187,10 @@ def gradient_accumulation(m: ModelShape, cluster: Cluster, work: Workload, layou
 
 
 def _exposed_data_parallel(m: ModelShape, work: Workload, layout: Layout,
-                           seconds: dict[str, float], compute: float, microbatches: int) -> float:
-    """FSDP/HSDP seconds the step waits for. Gathers and reductions overlap compute up to its
+                           seconds: dict[str, float], compute: float, microbatches: int,
+                           overlaps: bool = True) -> float:
+    """FSDP/HSDP seconds the step waits for. Without ``overlaps`` (a CPU process:
+    ``GPU.comm_overlaps_compute``) all of it. Gathers and reductions overlap compute up to its
     length, and the first unit's gather and the last unit's reduction are always exposed.
     Under PP, torch.distributed.pipelining runs every unit's reduce-scatter (and HSDP's
     all-reduce) after the stage's last backward (``perform_reduce_grad``: FSDP's post_backward
@@ -205,6 +207,8 @@ def _exposed_data_parallel(m: ModelShape, work: Workload, layout: Layout,
     both lengthen by 8 of a rank's reductions.
     """
     data = seconds.get("fsdp", 0.0) + seconds.get("dp_replicate", 0.0)
+    if not overlaps:
+        return data
     units = rank_layers(m, layout, 0) + 2  # blocks, embedding, head: one FSDP unit each
     if layout.pp == 1:
         return max(0.0, data - compute) + data / units / max(1, microbatches)
@@ -233,7 +237,8 @@ def estimate_step_time(m: ModelShape, cluster: Cluster, work: Workload, layout: 
     ep = seconds.get("ep", 0.0)
     if layout.ep_overlapped:  # another microbatch's compute runs during the all-to-all
         ep = max(0.0, ep - compute)
-    fsdp = _exposed_data_parallel(m, work, layout, seconds, compute, microbatches)
+    fsdp = _exposed_data_parallel(m, work, layout, seconds, compute, microbatches,
+                                  cluster.gpu.comm_overlaps_compute)
     accumulation = gradient_accumulation(m, cluster, work, layout, microbatches)
     b = bubble_fraction(layout.pp, microbatches, layout.modelled_schedule,
                         layout.stages_per_rank)
