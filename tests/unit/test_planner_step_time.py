@@ -131,6 +131,8 @@ def test_collectives_exposure():
     fsdp = Comm("fsdp", 8, "intra-node", 450, 450e9 * (compute + 2.0))
     units = 32 + 2
     assert parts(comms=[fsdp]).fsdp == pytest.approx(2.0 + (compute + 2.0) / units)
+    cpu_like = Cluster(dataclasses.replace(H100, comm_overlaps_compute=False), gpus_per_node=1)
+    assert parts(comms=[fsdp], cluster=cpu_like).fsdp == pytest.approx(compute + 2.0)  # whole
     pp = Comm("pp", 2, "inter-node", 50, 50e9 * 0.25)
     assert parts(comms=[pp]).pp == pytest.approx(0.25)
 
