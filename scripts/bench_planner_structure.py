@@ -10,7 +10,7 @@ on one process; full AC; seq 128 (the same tokens); FSDP 2, CP 2 and TP 2 on two
 (the same global batch). CP 2 and TP 2 are judged against FSDP 2, the same two processes with
 the other dimension (``TOGGLES``): that is the ablation a user runs, one dimension toggled on
 the same GPUs, and it keeps what going from one process to two costs on a CPU (FSDP's copies
-into freshly faulted pages, gloo's transfers on the cores that compute) in the FSDP 2 row.
+and gloo's transfers, on the cores that compute) in the FSDP 2 row.
 A toggle's *relative cost* is its step time over the base's (the fastest of
 ``--steps`` steps after ``--warmup``, each between barriers: on a shared machine the minimum
 is the least disturbed figure); beside it the same ratio of CPU seconds (the busier rank's),
@@ -92,9 +92,12 @@ def measure_rates(flavor: str) -> dict[str, float]:
     return {"gemm": gemm, "attention": attention, "bandwidth": bandwidth}
 
 
-def measure_gloo(elements: int) -> dict[str, float]:
-    """gloo all-gather GB/s a rank sends (``elements`` fp32 a rank) and a small message's
-    seconds per hop, inside the two-process worker."""
+def measure_gloo(elements: int, block_elements: int) -> dict[str, float]:
+    """gloo all-gather GB/s a rank sends (``elements`` fp32 a rank: a TP activation's size)
+    and a small message's seconds per hop, inside the two-process worker; beside them, not
+    used by the prediction, the GB/s and the share of its wall time that is this process's
+    CPU time at FSDP's message size (``block_elements``: a block's parameters over the
+    ranks)."""
     import torch
     import torch.distributed as dist
 
@@ -105,9 +108,13 @@ def measure_gloo(elements: int) -> dict[str, float]:
 
     big = _best(gather(elements), runs=2, clock=time.perf_counter)
     small = _best(gather(16), runs=2, clock=time.perf_counter)
+    block = _best(gather(block_elements), runs=2, clock=time.perf_counter)
+    block_cpu = _best(gather(block_elements), runs=2)
     world = dist.get_world_size()
     return {"gbps": elements * 4 * (world - 1) / (big - small) / 1e9,
-            "latency": small / (world - 1)}
+            "latency": small / (world - 1),
+            "block_gbps": block_elements * 4 * (world - 1) / block / 1e9,
+            "block_cpu_share": block_cpu / block}
 
 
 def cases(flavor: str, folder: str) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
@@ -170,7 +177,9 @@ def worker(spec_file: str) -> None:
 
     for i, (name, trainer, batches, spec) in enumerate(worker_cases(spec_file)):
         if i == 0 and dist.get_world_size() > 1:
-            gloo = measure_gloo(TOKENS * trainer.model_args.dim // 2)
+            block = sum(p.numel() for p in trainer.model_parts[0].layers["0"].parameters())
+            gloo = measure_gloo(TOKENS * trainer.model_args.dim // 2,
+                                block // dist.get_world_size())
             if dist.get_rank() == 0:
                 report("gloo", gloo)
         steps = timed_steps(trainer, batches, steps=spec["steps"], warmup=spec["warmup"])
@@ -213,7 +222,9 @@ def main() -> None:
         notes.append(f"{flavor}, measured: matmul {rates['gemm'] / 1e9:.1f} GFLOP/s, attention "
                      f"{rates['attention'] / 1e9:.1f} GFLOP/s, element-wise "
                      f"{rates['bandwidth'] / 1e9:.1f} GB/s (one thread, CPU time); gloo "
-                     f"{gloo['gbps']:.2f} GB/s, {gloo['latency'] * 1e6:.0f} us a hop")
+                     f"{gloo['gbps']:.2f} GB/s, {gloo['latency'] * 1e6:.0f} us a hop; at a "
+                     f"block's parameters (FSDP's messages, not used) {gloo['block_gbps']:.2f}"
+                     f" GB/s, CPU time {gloo['block_cpu_share']:.0%} of its wall time")
     print(f"$ python scripts/bench_planner_structure.py {shlex.join(sys.argv[1:])}".rstrip())
     print(f"load average before the run: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; "
           f"after: {' '.join(f'{x:.1f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")

@@ -187,11 +187,9 @@ class Trainer:
             tied_aliases=self.tied.aliases,
         )
         self.checkpointer.load()
-        t = config.training  # the tokens of one replica group's batch share in one step
-        share = (self.grad_accumulation_steps * t.local_batch_size * t.seq_len
-                 * self.parallel_dims.dp)
+        group_tokens = self.tokens_per_rank_step * self.parallel_dims.dp  # one group's step
         self.ft = fault_tolerance.build(config, self.checkpointer.states, self.step, self.device,
-                                        batches_committed=self.tokens_seen // share)
+                                        batches_committed=self.tokens_seen // group_tokens)
 
     def _build_metrics_and_contexts(self, config: JobConfig, spec: ModelSpec) -> None:
         # 10. Metrics (a resumed run continues its metrics.jsonl), autocast, CP, profiler.
@@ -359,12 +357,17 @@ class Trainer:
             f", TensorBoard: tensorboard --logdir {tensorboard}" if metrics.enable_tensorboard
             else ""))
 
+    @property
+    def tokens_per_rank_step(self) -> int:
+        """Tokens one data-parallel rank trains on in one step (all its microbatches)."""
+        t = self.config.training
+        return self.grad_accumulation_steps * t.local_batch_size * t.seq_len
+
     def train_steps(self) -> None:
         """The loop: data, step, metrics, faults, checkpoint, validation, until the last step."""
         training, validation = self.config.training, self.config.validation
         data = iter(self.dataloader)
-        tokens_per_step = (self.grad_accumulation_steps * training.local_batch_size
-                           * training.seq_len)
+        tokens_per_step = self.tokens_per_rank_step
         while self.step < training.steps:
             if self.ft.start_step():  # healed from a peer: its data position too
                 data = iter(self.dataloader)

@@ -62,9 +62,9 @@ class GPU:
     comm_overlaps_compute: bool = True
     """Whether data-parallel traffic (FSDP's gathers and reductions, HSDP's all-reduce) runs
     beside compute, as a GPU's copy engines and NICs let it. False for a CPU process: gloo's
-    transfers and FSDP's copies run on the cores that compute (scripts/
-    bench_planner_structure.py: a 100M block's all-gather took 24 ms of CPU in 29 ms), so
-    they add to the step whole."""
+    transfers and FSDP's copies run on the cores that compute (a 100M block's all-gather
+    over two processes: 24 ms of CPU in its 29 ms, docs/measurements.md), so they add to the
+    step whole."""
     intra_node_latency_s: float = 5e-6
     """Seconds each ring step (hop) in a node costs beside its bytes; with
     ``inter_node_latency_s``, an assumption of the order of NCCL's per-hop latency over NVLink
@@ -101,7 +101,8 @@ CPU = GPU("CPU", memory_gib=1024.0, peak_tflops=1.0, intra_node_gbps=1.0, inter_
           fused_rms_norm=False, fused_attention_any_v_dim=False, attention_fp32=True,
           comm_overlaps_compute=False)
 """This machine, for checking the memory model against measurement (scripts/
-validate_plan_memory.py); only its memory model means anything."""
+validate_plan_memory.py) and, with the rates measured in the same run, the step-time model's
+structure (scripts/bench_planner_structure.py); its own rates are placeholders."""
 
 
 @dataclasses.dataclass(frozen=True)

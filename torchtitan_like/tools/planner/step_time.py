@@ -188,7 +188,7 @@ def gradient_accumulation(m: ModelShape, cluster: Cluster, work: Workload, layou
 
 def _exposed_data_parallel(m: ModelShape, work: Workload, layout: Layout,
                            seconds: dict[str, float], compute: float, microbatches: int,
-                           overlaps: bool = True) -> float:
+                           overlaps: bool) -> float:
     """FSDP/HSDP seconds the step waits for. Without ``overlaps`` (a CPU process:
     ``GPU.comm_overlaps_compute``) all of it. Gathers and reductions overlap compute up to its
     length, and the first unit's gather and the last unit's reduction are always exposed.
