@@ -20,8 +20,11 @@ whose rates are measured in the same run, one thread, at the flavor's own shapes
 rate (a block's w1 on the step's tokens; ``peak_tflops`` with ``gemm_efficiency`` 1), the
 attention kernels' rate (SDPA forward and backward at seq 1,024, FLOPs counted as the planner
 counts them: ``attention_efficiency``), the element-wise bandwidth (``a * b`` on an FFN-wide
-activation: ``hbm_tbps``) and gloo's all-gather bandwidth and small-message latency between
-the two processes (``intra_node_gbps``, ``intra_node_latency_s``); the fitted numbers are the
+activation: ``hbm_tbps``) and, between the two processes, gloo's all-gather rate at message
+sizes from 1 to 32 MiB a rank (``intra_node_gbps_by_message``: it falls about 2x over
+that range, so TP's activations and FSDP's block parameters each run at their own size's
+rate; reduce-scatter is priced at the all-gather's, though gloo's measured slower) and a
+small message's latency (``intra_node_latency_s``); the fitted numbers are the
 shipped ones (calibration.py), fitted on GPUs. A toggle is held when predicted / measured is
 within ``BAND``: the step-time model's parts scale with each toggle as the measurement does.
 """
@@ -37,6 +40,7 @@ import tempfile
 import time
 
 from torchtitan_like.tools.bench_runner import launch_bench, report, timed_steps, worker_cases
+from torchtitan_like.tools.planner.communication import rate_at
 
 BAND = 0.25
 """Held when |predicted / measured - 1| is at most this: the published runs' limit."""
@@ -49,17 +53,16 @@ TOGGLES = (("cp 2", "fsdp 2"), ("tp 2", "fsdp 2"), ("fsdp 2", "base"), ("ac full
 FSDP 2, as an ablation toggles one dimension on the same GPUs."""
 
 
-def _best(fn, min_seconds: float = 0.2, runs: int = 3, clock=time.process_time) -> float:
-    """The fastest seconds per call of ``fn`` by ``clock``: this process's CPU time for the
-    one-thread compute rates (what other processes on the machine take is not counted), wall
-    time for gloo (whose waits burn no CPU)."""
+def _best(fn, min_seconds: float = 0.2, runs: int = 3) -> float:
+    """The fastest seconds per call of ``fn`` in this process's CPU time, for the one-thread
+    compute rates (what other processes on the machine take is not counted)."""
     best, iters = float("inf"), 1
     for _ in range(runs):
         while True:
-            start = clock()
+            start = time.process_time()
             for _ in range(iters):
                 fn()
-            seconds = clock() - start
+            seconds = time.process_time() - start
             if seconds >= min_seconds:
                 break
             iters *= 2
@@ -92,29 +95,56 @@ def measure_rates(flavor: str) -> dict[str, float]:
     return {"gemm": gemm, "attention": attention, "bandwidth": bandwidth}
 
 
-def measure_gloo(elements: int, block_elements: int) -> dict[str, float]:
-    """gloo all-gather GB/s a rank sends (``elements`` fp32 a rank: a TP activation's size)
-    and a small message's seconds per hop, inside the two-process worker; beside them, not
-    used by the prediction, the GB/s and the share of its wall time that is this process's
-    CPU time at FSDP's message size (``block_elements``: a block's parameters over the
-    ranks)."""
+SWEEP_BYTES = tuple(2**k for k in range(20, 26))
+"""Message sizes (bytes a rank sends: 1 to 32 MiB) of the measured gloo rate curve; below
+1 MiB the latency dominates a call (~0.35 ms against ~1 ms of bytes) and the rate its
+difference leaves is noise, so smaller messages take the 1 MiB rate."""
+
+
+def _collective_seconds(fn, nbytes: float, runs: int = 3) -> float:
+    """The fastest seconds per call of the collective ``fn``, over a number of calls both
+    ranks derive from the size alone (~64 MiB a run): a rank that chose its own count from
+    its own clock could issue a call the other rank never joins."""
+    import torch.distributed as dist
+
+    iters = min(200, max(3, int(2**26 // max(nbytes, 1))))
+    best = float("inf")
+    for _ in range(runs):
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        best = min(best, (time.perf_counter() - start) / iters)
+    return best
+
+
+def measure_gloo(activation_bytes: int, block_bytes: int) -> dict[str, object]:
+    """gloo's all-gather between the processes: its rate curve over ``SWEEP_BYTES`` a rank
+    (``intra_node_gbps_by_message``: each bytes over the seconds beyond a 64-byte call's) and
+    the 64-byte call's seconds per hop (``intra_node_latency_s``); beside them, for the notes,
+    the curve's rate at a TP activation's shard and at a block's parameter shard (FSDP's
+    messages), and the share of the latter's wall time that is this process's CPU time."""
     import torch
     import torch.distributed as dist
 
-    def gather(n: int):
-        local = torch.randn(n)
-        out = torch.empty(n * dist.get_world_size())
+    world = dist.get_world_size()
+
+    def gather(nbytes: int):
+        local = torch.randn(max(nbytes // 4, 1))
+        out = torch.empty(local.numel() * world)
         return lambda: dist.all_gather_into_tensor(out, local)
 
-    big = _best(gather(elements), runs=2, clock=time.perf_counter)
-    small = _best(gather(16), runs=2, clock=time.perf_counter)
-    block = _best(gather(block_elements), runs=2, clock=time.perf_counter)
-    block_cpu = _best(gather(block_elements), runs=2)
-    world = dist.get_world_size()
-    return {"gbps": elements * 4 * (world - 1) / (big - small) / 1e9,
-            "latency": small / (world - 1),
-            "block_gbps": block_elements * 4 * (world - 1) / block / 1e9,
-            "block_cpu_share": block_cpu / block}
+    small = _collective_seconds(gather(64), 64)
+    curve = [(float(b), b * (world - 1) / (_collective_seconds(gather(b), b) - small) / 1e9)
+             for b in SWEEP_BYTES]
+    block = gather(block_bytes)
+    wall = _collective_seconds(block, block_bytes, runs=1)
+    cpu = time.process_time()
+    block()
+    return {"curve": curve, "latency": small / (world - 1),
+            "activation_gbps": rate_at(tuple(curve), activation_bytes),
+            "block_gbps": rate_at(tuple(curve), block_bytes),
+            "block_cpu_share": (time.process_time() - cpu) / wall}
 
 
 def cases(flavor: str, folder: str) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
@@ -151,9 +181,8 @@ def predict(flavor: str, rates: dict[str, float], gloo: dict[str, float]) -> dic
     gpu = dataclasses.replace(
         CPU, name="this CPU, one thread (measured)", peak_tflops=rates["gemm"] / 1e12,
         gemm_efficiency=1.0, attention_efficiency=rates["attention"] / rates["gemm"],
-        hbm_tbps=rates["bandwidth"] / 1e12, intra_node_gbps=gloo["gbps"],
-        inter_node_gbps=gloo["gbps"], intra_node_latency_s=gloo["latency"],
-        inter_node_latency_s=gloo["latency"])
+        hbm_tbps=rates["bandwidth"] / 1e12, intra_node_latency_s=gloo["latency"],
+        intra_node_gbps_by_message=tuple(tuple(point) for point in gloo["curve"]))
     m = ModelShape.from_args(llama3_flavors[flavor])
     fp32 = Precision(compute_bytes=4)
 
@@ -178,8 +207,8 @@ def worker(spec_file: str) -> None:
     for i, (name, trainer, batches, spec) in enumerate(worker_cases(spec_file)):
         if i == 0 and dist.get_world_size() > 1:
             block = sum(p.numel() for p in trainer.model_parts[0].layers["0"].parameters())
-            gloo = measure_gloo(TOKENS * trainer.model_args.dim // 2,
-                                block // dist.get_world_size())
+            gloo = measure_gloo(TOKENS * trainer.model_args.dim * 4 // 2,
+                                block * 4 // dist.get_world_size())
             if dist.get_rank() == 0:
                 report("gloo", gloo)
         steps = timed_steps(trainer, batches, steps=spec["steps"], warmup=spec["warmup"])
@@ -222,9 +251,11 @@ def main() -> None:
         notes.append(f"{flavor}, measured: matmul {rates['gemm'] / 1e9:.1f} GFLOP/s, attention "
                      f"{rates['attention'] / 1e9:.1f} GFLOP/s, element-wise "
                      f"{rates['bandwidth'] / 1e9:.1f} GB/s (one thread, CPU time); gloo "
-                     f"{gloo['gbps']:.2f} GB/s, {gloo['latency'] * 1e6:.0f} us a hop; at a "
-                     f"block's parameters (FSDP's messages, not used) {gloo['block_gbps']:.2f}"
-                     f" GB/s, CPU time {gloo['block_cpu_share']:.0%} of its wall time")
+                     f"{gloo['latency'] * 1e6:.0f} us a hop, all-gather "
+                     + ", ".join(f"{b / 2**20:g} MiB {r:.2f}" for b, r in gloo["curve"])
+                     + f" GB/s a rank; at a TP activation's shard {gloo['activation_gbps']:.2f}"
+                     f", at a block's parameter shard (FSDP) {gloo['block_gbps']:.2f} GB/s, "
+                     f"its CPU time {gloo['block_cpu_share']:.0%} of its wall time")
     print(f"$ python scripts/bench_planner_structure.py {shlex.join(sys.argv[1:])}".rstrip())
     print(f"load average before the run: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; "
           f"after: {' '.join(f'{x:.1f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")

@@ -31,6 +31,7 @@ from torchtitan_like.tools.planner import (
     why_better,
 )
 from torchtitan_like.tools.planner import step_time as st
+from torchtitan_like.tools.planner.communication import rate_at
 from torchtitan_like.tools.planner.search import complexity, rank
 
 H100 = GPUS["H100"]
@@ -135,6 +136,23 @@ def test_collectives_exposure():
     assert parts(comms=[fsdp], cluster=cpu_like).fsdp == pytest.approx(compute + 2.0)  # whole
     pp = Comm("pp", 2, "inter-node", 50, 50e9 * 0.25)
     assert parts(comms=[pp]).pp == pytest.approx(0.25)
+
+
+def test_a_measured_link_curve_prices_each_dimension_at_its_own_message_size():
+    """Linear in log size between the points, the end points held beyond; each dimension's
+    message is its bytes per ring step (a ring all-gather's shard)."""
+    curve = ((2.0**20, 1.0), (2.0**26, 0.5))
+    assert rate_at(curve, 2.0**23) == pytest.approx(0.75)
+    assert (rate_at(curve, 1.0), rate_at(curve, 2.0**30), rate_at((), 2.0**22)) == (1.0, 0.5, 0.0)
+    node = Cluster(dataclasses.replace(H100, intra_node_gbps_by_message=curve), gpus_per_node=8)
+    layout = Layout(dp_shard=4, tp=2, ac="none")
+    curved = {c.dim: c for c in communication(M8B, node, WORK, layout, 1)}
+    flat = {c.dim: c for c in communication(M8B, Cluster(H100), WORK, layout, 1)}
+    for dim in ("tp", "fsdp"):
+        message = curved[dim].bytes_per_step / curved[dim].hops
+        assert curved[dim].bandwidth_gbps == pytest.approx(rate_at(curve, message))
+        assert flat[dim].bandwidth_gbps == H100.intra_node_gbps
+    assert curved["tp"].bandwidth_gbps > curved["fsdp"].bandwidth_gbps  # 16 MiB vs larger shards
 
 
 def test_bubble_and_its_printed_formula():

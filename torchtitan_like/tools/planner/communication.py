@@ -10,7 +10,9 @@ microbatch's activations forward and its gradient back,
 once per model chunk; EP's all-to-alls dispatch and combine every MoE layer's routed tokens
 (tools/planner/moe.py: its formula), and FSDP gathers routed experts over the expert-FSDP ranks
 (efsdp = dp_shard x cp x tp / (ep x ETP)), 1/(ep x ETP) of them per GPU. Each ring step also
-costs a hop latency (``GPU.intra_node_latency_s`` / ``inter_node_latency_s``). A group whose
+costs a hop latency (``GPU.intra_node_latency_s`` / ``inter_node_latency_s``); a link with a
+measured rate curve (``GPU.intra_node_gbps_by_message``) runs each dimension at the rate of its
+own ring step's message (bytes per step over hops). A group whose
 ranks fit in one node (the mesh is [pp, dp_replicate, dp_shard, cp, tp], TP innermost) uses
 the intra-node link. How much of each
 transfer the step waits for is step_time.py's business.
@@ -19,6 +21,8 @@ transfer the step waits for is step_time.py's business.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 
 from torchtitan_like.tools.planner.inputs import Cluster, Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.moe import all_to_all_bytes, all_to_all_share, expert_split
@@ -52,13 +56,29 @@ def ring_volume(n: int, nbytes: float) -> float:
     return (n - 1) / n * nbytes
 
 
-def link(cluster: Cluster, span: int) -> tuple[str, float, float]:
-    """The link, its GB/s and its hop latency for a group spanning ``span`` consecutive
-    ranks."""
+def link(cluster: Cluster, span: int, message_bytes: float) -> tuple[str, float, float]:
+    """The link, its GB/s for ``message_bytes`` a ring step and its hop latency for a group
+    spanning ``span`` consecutive ranks."""
     gpu = cluster.gpu
     if span <= cluster.gpus_per_node:
-        return "intra-node", gpu.intra_node_gbps, gpu.intra_node_latency_s
+        rate = rate_at(gpu.intra_node_gbps_by_message, message_bytes) or gpu.intra_node_gbps
+        return "intra-node", rate, gpu.intra_node_latency_s
     return "inter-node", gpu.inter_node_gbps, gpu.inter_node_latency_s
+
+
+def rate_at(curve: tuple[tuple[float, float], ...], message_bytes: float) -> float:
+    """GB/s at ``message_bytes`` on a measured (bytes, GB/s) curve, linear in log size between
+    its points, its end points held beyond them; 0.0 without a curve."""
+    if not curve:
+        return 0.0
+    size = max(message_bytes, 1.0)
+    if size <= curve[0][0]:
+        return curve[0][1]
+    for (lo, lo_rate), (hi, hi_rate) in itertools.pairwise(curve):
+        if size <= hi:
+            share = math.log(size / lo) / math.log(hi / lo)
+            return lo_rate + share * (hi_rate - lo_rate)
+    return curve[-1][1]
 
 
 def communication(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout,
@@ -76,7 +96,7 @@ def communication(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
 
     def add(dim: str, group: int, span: int, nbytes: float, hops: float) -> None:
         if group > 1:
-            name, bandwidth, latency = link(cluster, span)
+            name, bandwidth, latency = link(cluster, span, nbytes / max(hops, 1.0))
             comms.append(Comm(dim, group, name, bandwidth, nbytes, hops, latency))
 
     # Innermost first: [pp, dp_replicate, dp_shard, cp, tp].
@@ -126,6 +146,7 @@ def _add_all_to_all(comms: list[Comm], m: ModelShape, cluster: Cluster, work: Wo
     volume = all_to_all_bytes(tokens, m.top_k, m.dim, work.precision.compute_bytes,
                               moe_layers, recomputed) * microbatches
     _, share = all_to_all_share(layout.ep, cluster.gpus_per_node)
-    name, bandwidth, latency = link(cluster, layout.ep)  # the EP ranks are consecutive (ETP 1)
     calls = 2 * microbatches * (2 * moe_layers + recomputed)
-    comms.append(Comm("ep", layout.ep, name, bandwidth, volume * share, calls, latency))
+    sent = volume * share
+    name, bandwidth, latency = link(cluster, layout.ep, sent / calls)  # consecutive ranks
+    comms.append(Comm("ep", layout.ep, name, bandwidth, sent, calls, latency))

@@ -72,6 +72,14 @@ class GPU:
     when its bytes are few."""
     inter_node_latency_s: float = 15e-6
     """The same between nodes."""
+    intra_node_gbps_by_message: tuple[tuple[float, float], ...] = ()
+    """Measured (bytes a rank sends in one ring step, GB/s) points of the intra-node link,
+    ascending in size: when given, a collective in the node runs at the rate interpolated at
+    its own step's message size (linear in log size, the end points held beyond) instead of
+    ``intra_node_gbps``. For a link whose rate falls as messages grow: gloo on a CPU moves
+    its messages by copies through memory, measured here at 1.2 GB/s for 1 MiB a rank and
+    0.55 for 32 MiB (scripts/bench_planner_structure.py, docs/measurements.md); a GPU preset
+    has no curve (an nccl-tests sweep would be one)."""
 
 
 # Peaks: vendor datasheets (dense, no sparsity). gemm_efficiency: the "Maximum Achievable
