@@ -87,7 +87,7 @@ TRAINING = [*LR, "--training.global_batch_size", "8", "--training.steps", str(ST
 GROUP_ARGS = [*TRAINING, "--checkpoint.enable", "true", "--checkpoint.interval",
               str(CKPT_INTERVAL)]
 TRAINER = str(ROOT / "tests" / "plugins" / "ft_trainer.py") + ":FTTestTrainer"
-KILL_ENV, ALONE_ENV = "FT_TEST_KILL", "FT_TEST_ALONE"  # ft_trainer.py's
+KILL_ENV, ALONE_ENV, LOAD_AFTER_ENV = "FT_TEST_KILL", "FT_TEST_ALONE", "FT_TEST_LOAD_AFTER"
 
 
 def _lighthouse(log: Path) -> tuple[subprocess.Popen, str]:
@@ -106,7 +106,8 @@ def _lighthouse(log: Path) -> tuple[subprocess.Popen, str]:
 
 
 def _group(replica_id: int, root: Path, corpus: Path, lighthouse: str,
-           kill: str = "", max_restarts: int = 0, alone: int = 0) -> subprocess.Popen:
+           kill: str = "", max_restarts: int = 0, alone: int = 0,
+           load_after: str = "") -> subprocess.Popen:
     ft = ["--fault_tolerance.enable", "true", "--fault_tolerance.replica_id", str(replica_id),
           "--fault_tolerance.group_size", "2", "--fault_tolerance.manager_hostname", "localhost",
           "--fault_tolerance.process_group_timeout_ms", "5000", "--job.trainer", TRAINER]
@@ -116,7 +117,7 @@ def _group(replica_id: int, root: Path, corpus: Path, lighthouse: str,
     log = (root / f"group{replica_id}.log").open("a")
     return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             env={**env(), "TORCHFT_LIGHTHOUSE": lighthouse, KILL_ENV: kill,
-                                 ALONE_ENV: str(alone or "")})
+                                 ALONE_ENV: str(alone or ""), LOAD_AFTER_ENV: load_after})
 
 
 def _wait(proc: subprocess.Popen, log: Path, timeout: float = 240) -> None:
@@ -134,7 +135,8 @@ def _wait_for(path: Path, alive: subprocess.Popen, log: Path, timeout: float = 2
 @pytest.fixture(scope="module")
 def run(corpus, tmp_path_factory):
     """Group 1 is launched 4 times (``KILLS``, then a worker's death), group 0 twice (killed
-    in its save of WRITER_STEP; again once group 1 wrote TAKEOVER): each killed launch must end
+    in its save of WRITER_STEP; again at once, its start-up overlapping group 1's steps alone,
+    looking for its checkpoint only once group 1 wrote TAKEOVER): each killed launch must end
     by SIGKILL (its agent's exit -9) before the next of its group is started."""
     root = tmp_path_factory.mktemp("torchft")
     lighthouse, address = _lighthouse(root / "lighthouse.log")
@@ -149,8 +151,9 @@ def run(corpus, tmp_path_factory):
                       alone=CKPT_INTERVAL)
         code = survivor.wait(timeout=240)
         assert code == -signal.SIGKILL, (code, (root / "group0.log").read_text()[-6000:])
-        _wait_for(root / "checkpoint" / f"step-{TAKEOVER}", last, root / "group1.log")
-        rejoined = _group(0, root, corpus, address)
+        takeover = root / "checkpoint" / f"step-{TAKEOVER}"  # group 1's, written alone
+        rejoined = _group(0, root, corpus, address, load_after=str(takeover))  # starts up now
+        _wait_for(takeover, last, root / "group1.log")
         _wait(rejoined, root / "group0.log")
         _wait(last, root / "group1.log")
     finally:

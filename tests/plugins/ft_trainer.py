@@ -4,10 +4,9 @@ It trains exactly like the built-in Trainer, with these additions for the test:
 
 - a survivor commits ``ALONE_STEPS`` steps alone (``ALONE_ENV`` if set; and more until its
   latest step is not a checkpoint's: the restarted group must need its peer), then waits at
-  the start of each step
-  (its quorum asked again every 0.2 s, up to ``REJOIN_TIMEOUT_S``) until the restarted group
-  is back, so that the rejoin happens before the end however long the restart takes on a
-  busy CPU (seconds to minutes);
+  the start of each step (its quorum asked again every 0.2 s, up to ``REJOIN_TIMEOUT_S``)
+  until the restarted group is back, so that the rejoin happens before the end however long
+  the restart takes on a busy CPU (seconds to minutes);
 - a kill at a chosen point, from ``KILL_ENV`` (one per launch, so the test's one run can kill
   one group several times at different points): ``allreduce:<k>`` SIGKILLs the group inside
   step k's gradient all-reduce (after every rank issued its flat all-reduce over the groups,
@@ -16,12 +15,13 @@ It trains exactly like the built-in Trainer, with these additions for the test:
   writing checkpoint k, ``writer:<k>`` inside this group's own save of checkpoint k (every
   rank's DCP files written, before the coordinator's .metadata and the publication: the save
   is cut short, as the plain job's ``--debug.fault_point save``). Every rank of the group
-  kills itself there; rank 0 first kills the
-  group's torchrun agent (``lifecycle.AGENT_PID_ENV``), so the agent and all workers die, as
-  in a node failure. ``worker:<k>`` kills rank 1 alone at that point of step k: its agent
-  restarts the group's workers (a kill only in the launch's first attempt). Before dying a
+  kills itself there; rank 0 first kills the group's torchrun agent
+  (``lifecycle.AGENT_PID_ENV``), so the agent and all workers die, as in a node failure.
+  ``worker:<k>`` kills rank 1 alone at that point of step k: its agent restarts the group's
+  workers (a kill only in the launch's first attempt). Before dying a
   rank appends its point, step, pid and rank to ``kills.jsonl`` in its group's dump folder
   (at ``writer``, also the files then in the save's partial folder);
+- with ``LOAD_AFTER_ENV``, the checkpoint is looked for only once a given path exists;
 - every rank appends its pid to ``pids_rank<r>.txt`` when it starts (a survivor that never
   restarted has exactly one line, equal to the pid of its final state) and its step and
   torchft's ``batches_committed`` as loaded to ``starts_rank<r>.jsonl``; at the end every rank
@@ -50,6 +50,9 @@ KILL_ENV = "FT_TEST_KILL"
 ``writer:<step>``, ``worker:<step>``, or unset (never)."""
 ALONE_ENV = "FT_TEST_ALONE"
 """Steps this launch commits alone before it waits for the others (default ``ALONE_STEPS``)."""
+LOAD_AFTER_ENV = "FT_TEST_LOAD_AFTER"
+"""A path: this launch starts up (processes, model) at once, but looks for its checkpoint
+only once the path exists, so that which checkpoint it loads is known."""
 
 
 def _local(tensor):
@@ -57,6 +60,13 @@ def _local(tensor):
 
 
 class FTTestTrainer(Trainer):
+    def _load_checkpoint(self, config, spec):
+        wait_for = os.environ.get(LOAD_AFTER_ENV)
+        deadline = time.monotonic() + REJOIN_TIMEOUT_S
+        while wait_for and not Path(wait_for).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        super()._load_checkpoint(config, spec)
+
     def __init__(self, config, device):
         super().__init__(config, device)
         self.steps_alone = 0
