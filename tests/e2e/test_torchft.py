@@ -14,10 +14,11 @@ step ``WORKER_STEP``: torchrun restarts its workers, which load the checkpoint a
 a fresh per-attempt store (fault_tolerance.attempt_store) and train with group 0. Then group 0,
 the writer, is SIGKILLed inside its own save of checkpoint ``WRITER_STEP`` (its files written,
 not its .metadata: never complete). Group 1 goes on alone with the same processes, becomes
-the writer and writes checkpoint ``TAKEOVER``; group 0, launched again once that checkpoint
-is there, removes its cut-short save, loads ``TAKEOVER``, heals from group 1 and both train to
-the end. Survivors: group 0's first launch from step 1 to ``WRITER_STEP``, group 1's last
-workers from their healing to the end. Checked:
+the writer and writes checkpoint ``TAKEOVER``; group 0, launched again at once (it looks
+for a checkpoint only once that one is there), removes its cut-short save, loads
+``TAKEOVER``, heals from group 1 and both train to the end. Survivors: group 0's first
+launch from step 1 to ``WRITER_STEP``, group 1's last workers from their healing to the end.
+Checked:
 
 - (a) no failure yet: the steps both groups committed before the first kill have the
   per-step losses of one process training on the joint global batch, within
