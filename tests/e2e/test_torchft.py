@@ -141,23 +141,30 @@ def run(corpus, tmp_path_factory):
     by SIGKILL (its agent's exit -9) before the next of its group is started."""
     root = tmp_path_factory.mktemp("torchft")
     lighthouse, address = _lighthouse(root / "lighthouse.log")
+    launched: list[subprocess.Popen] = []
+
+    def launch(replica_id: int, *args, **kwargs) -> subprocess.Popen:
+        launched.append(_group(replica_id, root, corpus, address, *args, **kwargs))
+        return launched[-1]
+
     try:
-        survivor = _group(0, root, corpus, address, f"writer:{WRITER_STEP}")
+        survivor = launch(0, f"writer:{WRITER_STEP}")
         for kill in KILLS:
-            killed = _group(1, root, corpus, address, kill)
-            code = killed.wait(timeout=240)
+            code = launch(1, kill).wait(timeout=240)
             assert code == -signal.SIGKILL, (code, (root / "group1.log").read_text()[-6000:])
             assert survivor.poll() is None, (root / "group0.log").read_text()[-6000:]
-        last = _group(1, root, corpus, address, f"worker:{WORKER_STEP}", max_restarts=1,
-                      alone=CKPT_INTERVAL)
+        last = launch(1, f"worker:{WORKER_STEP}", max_restarts=1, alone=CKPT_INTERVAL)
         code = survivor.wait(timeout=240)
         assert code == -signal.SIGKILL, (code, (root / "group0.log").read_text()[-6000:])
         takeover = root / "checkpoint" / f"step-{TAKEOVER}"  # group 1's, written alone
-        rejoined = _group(0, root, corpus, address, load_after=str(takeover))  # starts up now
+        rejoined = launch(0, load_after=str(takeover))  # starts up now
         _wait_for(takeover, last, root / "group1.log")
         _wait(rejoined, root / "group0.log")
         _wait(last, root / "group1.log")
-    finally:
+    finally:  # a failed run leaves no launcher behind (its workers die with it)
+        for proc in launched:
+            if proc.poll() is None:
+                proc.kill()
         lighthouse.kill()
     return root
 
