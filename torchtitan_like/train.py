@@ -399,7 +399,7 @@ class Trainer:
                     **report_mixture(self.dataloader), **model_values,
                     **self.step_clock.window_stats(), **self.ft.record()}, console=console)
             self.faults.after_step(self.step)
-            with self.metrics.paused("checkpoint"):  # never from a spike's state; group 0's
+            with self.metrics.paused("checkpoint"):  # never from a spike's state; the writer's
                 if self.ft.saves_checkpoints:
                     self.checkpointer.save(self.step, last, self.spikes.holds_checkpoint(self.step))
             if validation.enable and (self.step % validation.freq == 0 or last):

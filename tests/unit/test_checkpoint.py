@@ -15,7 +15,7 @@ from harness import build_trainer, read_metrics
 from torch.distributed.checkpoint import FileSystemReader
 
 from torchtitan_like.components.checkpoint import CheckpointError, manager
-from torchtitan_like.components.checkpoint.folder import purge, step_folders
+from torchtitan_like.components.checkpoint.folder import partial_name, purge, recover, step_folders
 
 CKPT = ["--checkpoint.enable", "true", "--checkpoint.interval", "2", "--training.steps", "4"]
 
@@ -62,6 +62,17 @@ def test_unfinished_saves_are_ignored_and_removed(job):
     (folder / "step-4").rename(folder / "step-4.old")  # killed while replacing step-4
     assert build().step == 4
     assert sorted(p.name for p in folder.iterdir()) == ["step-2", "step-4"]
+
+
+def test_a_writer_of_a_shared_folder_removes_only_its_own_unfinished_saves(tmp_path):
+    """Replica groups share one checkpoint folder, each the writer of some steps: a group
+    starting again removes its own cut-short save, never another group's save in flight."""
+    for name in (partial_name(16, "replica_0"), partial_name(20, "replica_1")):
+        (tmp_path / name).mkdir()
+    recover(tmp_path, "replica_0")
+    assert [p.name for p in tmp_path.iterdir()] == ["step-20.replica_1.partial"]
+    recover(tmp_path)  # a plain job is the folder's one writer: every unfinished save goes
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize(("damage", "message"), [

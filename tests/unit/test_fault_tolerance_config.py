@@ -23,6 +23,7 @@ def lighthouse(monkeypatch):
     (["--parallelism.data_parallel_replicate_degree=2"], "data_parallel_replicate_degree = 1"),
     (['--fault_tolerance.process_group=nccl'], 'process_group = "nccl" needs CUDA'),
     (["--validation.enable=true"], "[validation] enable is not supported"),
+    (["--checkpoint.enable=true", "--checkpoint.keep_latest_k=1"], "keep at least 2"),
 ])
 def test_jobs_that_cannot_run_are_refused_in_one_line(lighthouse, args, message):
     world = 2 if "replicate" in args[0] else 1

@@ -447,7 +447,7 @@ class FaultTolerance:
     """Run as one replica group of a torchft job (docs/fault-tolerance.md); needs the ft extra."""
 
     replica_id: int = 0
-    """This group's index in [0, group_size): its share of the data; group 0 saves checkpoints."""
+    """This group's index in [0, group_size): its data share; the lowest live group saves."""
 
     group_size: int = ranged(1, ge=1)
     """Replica groups in the job, each its own torchrun job (the dp_replicate dimension)."""

@@ -19,9 +19,20 @@ One step of a group, as the trainer calls it:
    collective succeed; an uncommitted step is dropped and the next batch retried in its place.
 
 A failed collective (a peer died) leaves the gradients as they were and the step uncommitted;
-the next quorum forms without the dead group once the lighthouse misses its heartbeats. Group
-0 writes the persistent (DCP) checkpoints, into the shared ``<dump_folder>/<checkpoint
-folder>``; each group logs into ``<dump_folder>/replica_<id>`` (its own folder lock).
+the next quorum forms without the dead group once the lighthouse misses its heartbeats.
+
+The persistent (DCP) checkpoint of a step, in the shared ``<dump_folder>/<checkpoint folder>``,
+is written by the *writer* of that step: the group of rank 0 in the step's quorum (torchft
+orders a quorum's groups by replica id, ``replica_<i>`` compared as strings: the lowest live
+group for up to 10 groups), if it committed the step. Every rank of a group reads its rank
+from the same quorum (its group's manager asked the lighthouse once for all of them), so the
+group's ranks agree and enter DCP's collective save together, and one quorum has one rank 0,
+so no two groups write one step. A writer that dies, even inside its save, leaves at most a
+``step-<N>.replica_<i>.partial`` folder that nobody loads (checkpoint/folder.py); the next
+quorum without it has another rank 0, which writes the next due checkpoint. Retention
+(``keep_latest_k``) is judged from the folder's contents, not a writer's memory, so it holds
+across a change of writer. Each group logs into ``<dump_folder>/replica_<id>`` (its own
+folder lock).
 """
 
 from __future__ import annotations
@@ -80,12 +91,17 @@ def validate(config: JobConfig, device_type: str) -> None:
     if config.validation.enable:
         raise ConfigError("[validation] enable is not supported with [fault_tolerance] enable "
                           "(each group holds only its share of the data): turn one off")
+    if config.checkpoint.enable and config.checkpoint.keep_latest_k == 1:
+        raise ConfigError("[checkpoint] keep_latest_k = 1 with [fault_tolerance] enable: a "
+                          "group starting again may be reading the one checkpoint while a live "
+                          "group's next save deletes it; keep at least 2 (or 0: all)")
 
 
 def place_group(config: JobConfig) -> None:
     """Under ``enable``: this group's outputs go to ``<dump_folder>/replica_<id>`` (its own
     lock, metrics and traces), the checkpoints of the job to the shared
-    ``<dump_folder>/<checkpoint folder>`` (written by group 0, read by every group)."""
+    ``<dump_folder>/<checkpoint folder>`` (written by each step's writer, read by every
+    group)."""
     ft = config.fault_tolerance
     dump = Path(config.job.dump_folder)
     if not ft.enable or dump.name == f"replica_{ft.replica_id}":  # placed already (config.toml)
@@ -184,7 +200,6 @@ class ReplicaGroups(SingleGroup):
         self.states = states
         self.replica_id, self.group_size = ft.replica_id, ft.group_size
         self.start_timeout_s = 60.0  # torchft's default quorum timeout
-        self.saves_checkpoints = ft.replica_id == 0
         timeout = datetime.timedelta(milliseconds=ft.process_group_timeout_ms)
         pg_cls = ProcessGroupGloo if ft.process_group == "gloo" else ProcessGroupNCCL
         pg = pg_cls(timeout=timeout)
@@ -201,6 +216,7 @@ class ReplicaGroups(SingleGroup):
         )
         self.manager.load_state_dict({"step": step, "batches_committed": batches_committed})
         self.participants, self.committed, self.healed = 0, True, False
+        self.quorum_rank: int | None = None  # this group's rank in the step's quorum
         self.heal_record: dict[str, float] = {}
         self.first_step = True
         self.received_mib = 0.0
@@ -233,6 +249,7 @@ class ReplicaGroups(SingleGroup):
         if self.first_step and not self.healed and self.participants < self.group_size:
             self._wait_for_all_groups()
         self.first_step = False
+        self.quorum_rank = self.manager.participating_rank()
         if self.healed:
             seconds = time.perf_counter() - start
             self.heal_record = {"heal_seconds": seconds, "heal_mib": self.received_mib}
@@ -240,6 +257,17 @@ class ReplicaGroups(SingleGroup):
                         f"{self.manager.current_step()}: {self.received_mib:.2f} MiB of state "
                         f"on this rank in {seconds:.3f} s (quorum and transfer)")
         return self.healed
+
+    @property
+    def saves_checkpoints(self) -> bool:
+        """Whether this group writes the checkpoint of the step just trained: rank 0 of the
+        step's quorum. torchft 0.2.0's ``participating_rank()`` under a synchronous quorum that
+        may heal (``use_async_quorum=False``, ``allow_heal``) is the quorum's ``replica_rank``,
+        None only for a spare of a fixed-size quorum (not used here); it stays that of the
+        step's quorum until the next ``start_quorum``, which the trainer calls after the save.
+        Read at the end of ``start_step`` (``quorum_rank``): the step's state is that quorum's
+        commit."""
+        return self.quorum_rank == 0
 
     def _wait_for_all_groups(self, poll_s: float = 0.2) -> None:
         """A job's first step (a fresh start, or a whole-job restart from a checkpoint: no
@@ -296,7 +324,8 @@ class ReplicaGroups(SingleGroup):
 
     def record(self) -> dict[str, Any]:
         return {"participants": self.participants, "committed": self.committed,
-                "replica_id": self.replica_id, **self.heal_record}
+                "replica_id": self.replica_id, "quorum_rank": self.quorum_rank,
+                **self.heal_record}
 
     def close(self) -> None:
         self.manager.shutdown(wait=False)

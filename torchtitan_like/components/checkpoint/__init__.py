@@ -5,6 +5,8 @@ On disk, under ``{dump_folder}/{[checkpoint] folder}``::
     step-N/           a complete checkpoint: DCP's .metadata and __<rank>_0.distcp files,
                       plus checkpoint.json (step, what it holds, the layout and data it came from)
     step-N.partial/   a save in progress, or one cut short; never loaded, removed at start-up
+                      (``step-N.replica_<i>.partial`` when replica group i of a fault-tolerant
+                      job writes it: each group removes only its own at start-up)
 
 **Atomic saves.** Every rank writes into ``step-N.partial``. DCP ends a save by gathering every
 rank's write results at the coordinator (rank 0), which then writes .metadata; so once rank 0's

@@ -109,9 +109,18 @@ def publish(partial: Path, final: Path, info: dict[str, Any]) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def recover(folder: Path) -> None:
+def partial_name(step: int, writer: str = "") -> str:
+    """The folder a save of ``step`` writes into until it is complete: ``step-N.partial``, or
+    ``step-N.<writer>.partial`` for one of several writers sharing the folder (the replica
+    groups of a fault-tolerant job, each one the writer of some steps): a group starting
+    again then removes only its own cut-short saves, never a live group's save in flight."""
+    return f"step-{step}.{writer}.partial" if writer else f"step-{step}.partial"
+
+
+def recover(folder: Path, writer: str = "") -> None:
     """Start-up clean-up (rank 0, before any save): finish an interrupted replacement and
-    delete the folders of saves that never completed."""
+    delete the folders of saves that never completed (``writer``'s only, when named: the
+    other writers of a shared folder may be saving now)."""
     if not folder.is_dir():
         return
     for old in folder.glob("step-*.old"):
@@ -120,7 +129,7 @@ def recover(folder: Path) -> None:
             shutil.rmtree(old)
         else:
             old.rename(final)
-    for partial in folder.glob("step-*.partial"):
+    for partial in folder.glob(partial_name("*", writer)):
         logger.info(f"checkpoint: removing {partial.name}, a save that never completed")
         shutil.rmtree(partial)
 

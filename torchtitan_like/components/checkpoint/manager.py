@@ -25,6 +25,7 @@ from torchtitan_like.components.checkpoint.folder import (
     check_files,
     check_keys,
     checkpoint_to_load,
+    partial_name,
     publish,
     purge,
     read_info,
@@ -100,6 +101,8 @@ class CheckpointManager:
         self.config = config
         self.c = config.checkpoint
         self.folder = Path(config.job.dump_folder) / self.c.folder
+        ft = config.fault_tolerance  # replica groups share the folder, each a writer at times
+        self.writer = f"replica_{ft.replica_id}" if ft.enable else ""
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.parallel_dims = parallel_dims
         self.faults = faults
@@ -140,7 +143,7 @@ class CheckpointManager:
         if self.pg is None:
             return
         if self.rank == 0 and self.c.enable:
-            recover(self.folder)
+            recover(self.folder, self.writer)
         dist.barrier(group=self.pg)
         if self.c.create_seed_checkpoint:
             found = step_folders(self.folder)
@@ -279,6 +282,7 @@ class CheckpointManager:
             "seq_len": self.config.training.seq_len,
             "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__,
+            **({"writer": self.writer} if self.writer else {}),  # the replica group
         }
 
     def save(self, step: int, last: bool = False, postpone: bool = False) -> None:
@@ -307,7 +311,7 @@ class CheckpointManager:
         mode = "disabled" if last else self.c.async_mode  # the last save is waited for anyway
         record = SaveRecord(step, mode)
         self.records.append(record)
-        partial = self.folder / f"step-{step}.partial"
+        partial = self.folder / partial_name(step, self.writer)
         writer = self.faults.storage_writer(str(partial), step) or FileSystemWriter(str(partial))
         info = self._info(step, [n for n in STATES if n in states], dtype)
         try:
