@@ -282,8 +282,9 @@ def test_survivors_continue_alone_and_the_restarted_groups_heal(run):
     in WRITER_STEP's save, alone from each kill of group 1 to its next healing (the all-reduce
     the first kill interrupted either failed, the step retried alone, or had completed on
     group 0's side: committed with both groups' data, KILL_STEP + 1 alone), then, launched
-    again, the steps after its healing. Group 1, after its last healing: every step, alone
-    from WRITER_STEP + 1 until group 0 healed."""
+    again, the steps after its healing. Group 1: the steps before KILL_STEP (it never commits
+    the step it dies in), then after its last healing every step, alone from WRITER_STEP + 1
+    until group 0 healed."""
     root = run
     group0, records1 = read_metrics(root / "replica_0"), read_metrics(root / "replica_1")
     healed = _healed(root / "group1.log")
@@ -315,7 +316,8 @@ def test_survivors_continue_alone_and_the_restarted_groups_heal(run):
     # committed once; the records of steps healed[1] + 1 .. WORKER_STEP were dropped by the
     # restarted workers' resume from checkpoint SAVE_STEP (metrics.py)
     steps1 = _steps(records1)
-    assert [r["step"] for r in steps1] == [*range(1, first), *range(healed[0] + 1, SAVE_STEP + 1),
+    assert [r["step"] for r in steps1] == [*range(1, KILL_STEP),  # it died inside KILL_STEP
+                                           *range(healed[0] + 1, SAVE_STEP + 1),
                                            *range(healed[2] + 1, STEPS + 1)]
     assert all(r["committed"] for r in steps1)
     assert [r["step"] for r in steps1 if r["participants"] == 1] == list(

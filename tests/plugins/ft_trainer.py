@@ -15,8 +15,9 @@ It trains exactly like the built-in Trainer, with these additions for the test:
   writing checkpoint k, ``writer:<k>`` inside this group's own save of checkpoint k (every
   rank's DCP files written, before the coordinator's .metadata and the publication: the save
   is cut short, as the plain job's ``--debug.fault_point save``). Every rank of the group
-  kills itself there; rank 0 first kills the group's torchrun agent
-  (``lifecycle.AGENT_PID_ENV``), so the agent and all workers die, as in a node failure.
+  dies there: rank 0 kills the group's torchrun agent (``lifecycle.AGENT_PID_ENV``), then
+  itself; the others themselves once the agent is gone, so the agent and all workers die, as
+  in a node failure.
   ``worker:<k>`` kills rank 1 alone at that point of step k: its agent restarts the group's
   workers (a kill only in the launch's first attempt). Before dying a
   rank appends its point, step, pid and rank to ``kills.jsonl`` in its group's dump folder
@@ -45,6 +46,8 @@ from torchtitan_like.train import Trainer
 
 ALONE_STEPS = 3
 REJOIN_TIMEOUT_S = 180
+AGENT_DEATH_TIMEOUT_S = 120
+"""How long a rank at an agent kill waits for rank 0 to kill the agent before dying anyway."""
 KILL_ENV = "FT_TEST_KILL"
 """Where this launch of the group dies: ``allreduce:<step>``, ``heal``, ``save:<step>``,
 ``writer:<step>``, ``worker:<step>``, or unset (never)."""
@@ -95,12 +98,19 @@ class FTTestTrainer(Trainer):
 
     def _die(self, point: str, agent: bool = True, **extra) -> None:
         """SIGKILL the group here: rank 0 its agent first, then every rank itself (or, not
-        ``agent``, only this worker: its agent restarts the group's workers)."""
+        ``agent``, only this worker: its agent restarts the group's workers). The other ranks
+        die only once the agent is gone: a rank that reached the point first and died while
+        the agent lived would be a worker's failure to the agent, which then stops rank 0
+        (SIGTERM) before it gets there and exits 1 itself, not a node's loss."""
         with (self._folder / "kills.jsonl").open("a") as f:
             f.write(json.dumps({"point": point, "step": self.step, "pid": os.getpid(),
                                 "rank": dist.get_rank(), **extra}) + "\n")
+        launcher = int(os.environ[AGENT_PID_ENV])
         if agent and dist.get_rank() == 0:
-            os.kill(int(os.environ[AGENT_PID_ENV]), signal.SIGKILL)
+            os.kill(launcher, signal.SIGKILL)
+        deadline = time.monotonic() + AGENT_DEATH_TIMEOUT_S
+        while agent and os.getppid() == launcher and time.monotonic() < deadline:
+            time.sleep(0.05)  # the agent's watchdog (lifecycle.die_with_agent) may end us first
         os.kill(os.getpid(), signal.SIGKILL)
 
     def _arm_allreduce_kill(self, step: int) -> None:
