@@ -97,6 +97,12 @@ def validate(config: JobConfig, device_type: str) -> None:
                           "group's next save deletes it; keep at least 2 (or 0: all)")
 
 
+def group_name(config: JobConfig) -> str:
+    """This replica group's name: its torchft replica id, its dump sub-folder and, as a
+    checkpoint writer, the tag of its cut-short saves."""
+    return f"replica_{config.fault_tolerance.replica_id}"
+
+
 def place_group(config: JobConfig) -> None:
     """Under ``enable``: this group's outputs go to ``<dump_folder>/replica_<id>`` (its own
     lock, metrics and traces), the checkpoints of the job to the shared
@@ -104,10 +110,10 @@ def place_group(config: JobConfig) -> None:
     group)."""
     ft = config.fault_tolerance
     dump = Path(config.job.dump_folder)
-    if not ft.enable or dump.name == f"replica_{ft.replica_id}":  # placed already (config.toml)
+    if not ft.enable or dump.name == group_name(config):  # placed already (config.toml)
         return
     config.checkpoint.folder = str(dump / config.checkpoint.folder)
-    config.job.dump_folder = str(dump / f"replica_{ft.replica_id}")
+    config.job.dump_folder = str(dump / group_name(config))
 
 
 def data_share(config: JobConfig, dp_rank: int, dp_degree: int) -> tuple[int, int]:
@@ -209,7 +215,7 @@ class ReplicaGroups(SingleGroup):
         self.manager = Manager(
             pg=pg, load_state_dict=self._load, state_dict=self._local_state,
             min_replica_size=ft.min_replica_size, use_async_quorum=False, timeout=timeout,
-            replica_id=f"replica_{ft.replica_id}",
+            replica_id=group_name(config),
             checkpoint_transport=PGTransport(pg, timeout, device, state_dict=self._local_state),
             init_sync=False,  # every group initialises the same weights from the same seed
             store_addr=store_addr, store_port=store_port, **host,

@@ -47,6 +47,7 @@ from torchtitan_like.components.optimizer import OptimizersContainer
 from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
+from torchtitan_like.distributed.fault_tolerance import group_name
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.logging import logger
 from torchtitan_like.protocols.hf_adapter import HFAdapter
@@ -101,8 +102,8 @@ class CheckpointManager:
         self.config = config
         self.c = config.checkpoint
         self.folder = Path(config.job.dump_folder) / self.c.folder
-        ft = config.fault_tolerance  # replica groups share the folder, each a writer at times
-        self.writer = f"replica_{ft.replica_id}" if ft.enable else ""
+        # replica groups share the folder, each a writer at times
+        self.writer = group_name(config) if config.fault_tolerance.enable else ""
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.parallel_dims = parallel_dims
         self.faults = faults
