@@ -104,6 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--param_dtype", choices=DTYPES, help="compute dtype (default bfloat16)")
     job.add_argument("--reduce_dtype", choices=DTYPES, help="gradient reduction (default "
                      "float32)")
+    job.add_argument("--state_dtype", choices=("float32", "bfloat16"),
+                     help="Adam's moments ([optimizer] state_dtype; default float32)")
+    job.add_argument("--optimizer_implementation", choices=("foreach", "fused", "for-loop"),
+                     help="[optimizer] implementation: foreach (the default) keeps a temporary "
+                     "per parameter in the step")
     _layout_flags(p.add_argument_group("layout (each flag given is pinned under --search)"))
     est = p.add_argument_group("estimate")
     est.add_argument("--mfu", type=float, help="MFU for time and cost (0.40 or 40); default: "
@@ -196,7 +201,11 @@ def _workload(args: argparse.Namespace, work: Workload) -> Workload:
     precision = dataclasses.replace(
         p, master_bytes=DTYPES[args.dtype].itemsize if args.dtype else p.master_bytes,
         compute_bytes=DTYPES[args.param_dtype].itemsize if args.param_dtype else p.compute_bytes,
-        reduce_bytes=DTYPES[args.reduce_dtype].itemsize if args.reduce_dtype else p.reduce_bytes)
+        reduce_bytes=DTYPES[args.reduce_dtype].itemsize if args.reduce_dtype else p.reduce_bytes,
+        state_bytes=DTYPES[args.state_dtype].itemsize % 4 if args.state_dtype else p.state_bytes)
+    if args.state_dtype or args.optimizer_implementation:  # bf16 moments step in chunks
+        precision = dataclasses.replace(precision, step_temporary=precision.state_bytes == 0 and (
+            args.optimizer_implementation or "foreach") == "foreach")
     global_batch = args.global_batch or (work.global_batch if args.config else
                                          max(1, 2**22 // seq_len))
     return Workload(seq_len=seq_len, global_batch=global_batch, tokens=args.tokens,

@@ -47,8 +47,11 @@ def predict_stage_peaks(config: JobConfig, num_gpus: int, gpu: GPU) -> list[Memo
 
 def _precision(config: JobConfig) -> Precision:
     t = config.training
-    bf16_moments = config.optimizer.state_dtype == "bfloat16"
+    bf16_moments = config.optimizer.state_dtype == "bfloat16" or \
+        config.optimizer.implementation == "fused_opt_states_bf16"
+    foreach = config.optimizer.implementation == "foreach" and not bf16_moments
     return Precision(master_bytes=DTYPES[t.dtype].itemsize, state_bytes=2 if bf16_moments else 0,
+                     step_temporary=foreach,
                      compute_bytes=DTYPES[t.mixed_precision_param].itemsize,
                      reduce_bytes=DTYPES[t.mixed_precision_reduce].itemsize)
 

@@ -137,6 +137,11 @@ class Precision:
     state_bytes: int = 0
     """Bytes of one optimizer state element: 2 with bf16 moments (optimizer.state_dtype);
     0 = master_bytes (torch keeps Adam's states in the parameters' dtype)."""
+    step_temporary: bool = True
+    """The optimizer step allocates one master-dtype temporary per parameter: torch's foreach
+    Adam (``_foreach_sqrt`` of the second moments, optimizer.implementation "foreach", the
+    default). False for the fused kernel (no temporary), the one-tensor-at-a-time loop and the
+    chunked bf16-moments step (components/bf16_moments.py: bounded by a chunk)."""
 
     @property
     def optimizer_state_bytes(self) -> int:
