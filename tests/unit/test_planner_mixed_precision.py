@@ -19,8 +19,16 @@ from torchtitan_like.config.manager import build_job_config
 from torchtitan_like.models.llama3.args import llama3_flavors
 from torchtitan_like.models.llama3.model import Transformer
 from torchtitan_like.tools import plan_cli
-from torchtitan_like.tools.planner import CPU, GPUS, Layout, ModelShape, Precision, layer_elements
-from torchtitan_like.tools.planner import from_job_config, stage_memory
+from torchtitan_like.tools.planner import (
+    CPU,
+    GPUS,
+    Layout,
+    ModelShape,
+    Precision,
+    from_job_config,
+    layer_elements,
+    stage_memory,
+)
 from torchtitan_like.tools.planner.attention import kernel_bytes
 from torchtitan_like.tools.planner.mixed_precision import autocast, layer_extra_bytes
 
