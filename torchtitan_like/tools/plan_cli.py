@@ -19,6 +19,7 @@ from typing import Any
 from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.manager import build_job_config, import_custom_modules
+from torchtitan_like.tools import plan_measure
 from torchtitan_like.tools.planner import (
     GPUS,
     Cluster,
@@ -36,8 +37,15 @@ from torchtitan_like.tools.planner import (
     why_better,
 )
 from torchtitan_like.tools.planner.failures import FailureInputs, failure_cost, failure_lines
+from torchtitan_like.tools.planner.hardware import load_profile
 from torchtitan_like.tools.planner.step_time import ASYNC_TP
-from torchtitan_like.tools.planner.uncertainty import expected_band, least_certain, memory_band
+from torchtitan_like.tools.planner.uncertainty import (
+    expected_band,
+    least_certain,
+    memory_band,
+    with_uncertainty,
+)
+from torchtitan_like.tools.verify import history_lines
 
 SCHEDULES = ["1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
              "ZBVZeroBubble", "DualPipeV"]
@@ -87,11 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="modules to import first (models registered outside the package)")
     hw = p.add_argument_group("cluster")
     hw.add_argument("--gpu", default="H100", choices=sorted(GPUS), help="GPU preset")
+    hw.add_argument("--hardware", metavar="PROFILE", help="a hardware profile written by "
+                    "--calibrate (this machine's measured rates), instead of --gpu")
     hw.add_argument("--gpu_memory_gib", type=float, help="override the preset's memory")
     hw.add_argument("--peak_tflops", type=float, help="override the preset's dense bf16 peak")
     hw.add_argument("--intra_node_gbps", type=float, help="override: GB/s per GPU in a node")
     hw.add_argument("--inter_node_gbps", type=float, help="override: GB/s per GPU between nodes")
-    hw.add_argument("--gpus_per_node", type=int, default=8)
+    hw.add_argument("--gpus_per_node", type=int, help="default: the profile's processes per "
+                    "node, else 8")
     hw.add_argument("--num_gpus", type=int, help="GPUs in all (default: one node)")
     hw.add_argument("--nodes", type=int, help="nodes (instead of --num_gpus)")
     job = p.add_argument_group("workload")
@@ -126,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a job's or a replica group's start-up to its first step")
     fail.add_argument("--heartbeat_seconds", type=float, default=5.0,
                       help="the torchft lighthouse's heartbeat timeout")
+    plan_measure.add_flags(p)
     out = p.add_argument_group("output")
     out.add_argument("--search", action="store_true", help="rank the fitting layouts")
     out.add_argument("--top", type=int, default=5, help="layouts --search prints")
@@ -163,13 +175,16 @@ def _pick(flag: Any, fallback: Any) -> Any:
 
 
 def _cluster(args: argparse.Namespace) -> Cluster:
-    gpu = GPUS[args.gpu]
+    gpu, per_node = GPUS[args.gpu], 8
+    if args.hardware:
+        profile = load_profile(args.hardware)
+        gpu, per_node = profile.gpu, profile.gpus_per_node
     gpu = dataclasses.replace(
         gpu, memory_gib=_pick(args.gpu_memory_gib, gpu.memory_gib),
         peak_tflops=_pick(args.peak_tflops, gpu.peak_tflops),
         intra_node_gbps=_pick(args.intra_node_gbps, gpu.intra_node_gbps),
         inter_node_gbps=_pick(args.inter_node_gbps, gpu.inter_node_gbps))
-    per_node = args.gpus_per_node
+    per_node = args.gpus_per_node or per_node
     num_gpus = args.num_gpus or (args.nodes or 1) * per_node
     if num_gpus < per_node:
         per_node = num_gpus
@@ -183,7 +198,7 @@ def _from_config_or_flavor(args: argparse.Namespace, num_gpus: int
                            ) -> tuple[ModelShape, Workload, Layout]:
     import_custom_modules(args.custom_import)
     if args.config:
-        config = build_job_config(["--job.config_file", args.config])
+        config = build_job_config(["--job.config_file", args.config, *args.overrides])
         import_custom_modules(config.job.custom_import)
         if args.flavor:
             config.model.name, config.model.flavor = args.model, args.flavor
@@ -266,7 +281,8 @@ def _header(model: ModelShape, cluster: Cluster, work: Workload, args: argparse.
         f"{model.kv_heads} KV heads, FFN {model.ffn_hidden_dim}, vocab {model.vocab_size})",
         f"Cluster: {cluster.num_gpus} x {gpu.name} ({cluster.num_nodes} node(s) of "
         f"{cluster.gpus_per_node}; {gpu.memory_gib:g} GiB, {gpu.peak_tflops:g} TFLOP/s bf16, "
-        f"{gpu.intra_node_gbps:g} GB/s in a node, {gpu.inter_node_gbps:g} GB/s between nodes)",
+        f"{gpu.intra_node_gbps:g} GB/s in a node, {gpu.inter_node_gbps:g} GB/s between nodes)"
+        + (f"; {load_profile(args.hardware).describe()}" if args.hardware else ""),
         f"Workload: seq {work.seq_len}, global batch {work.global_batch} sequences = "
         f"{_si(work.global_batch * work.seq_len)} tokens/step"
         + (f", budget {_si(work.tokens)} tokens" if work.tokens else ""),
@@ -391,7 +407,8 @@ def format_plan(result: Plan, model: ModelShape, cluster: Cluster, work: Workloa
     if args.gpu_mttf_hours:
         inputs = failure_inputs(result, model, cluster, work, args)
         lines += failure_lines(inputs, failure_cost(inputs))
-    return "\n".join(lines + [f"Note: {note}" for note in result.notes])
+    return "\n".join(lines + [f"Note: {note}" for note in result.notes]
+                     + history_lines(args.history))
 
 
 def format_search(plans: list[Plan], model: ModelShape, cluster: Cluster, work: Workload,
@@ -437,11 +454,19 @@ def _run_search(model: ModelShape, cluster: Cluster, work: Workload, layout: Lay
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = build_parser().parse_args(argv[:split])
+    args.overrides = argv[split + 1:]
     if args.mfu is not None and args.mfu > 1:
         args.mfu /= 100  # given in percent
     try:
+        plan_measure.check_flags(args, pins_of(args))
+        if args.verify:
+            return plan_measure.verify(args, argv, lambda: _planned(args))
         model, cluster, work, layout = resolve(args)
+        if args.calibrate:
+            return plan_measure.calibrate(args, argv, model, work, layout)
         kwargs = {"mfu": args.mfu, "headroom": args.headroom}
         if args.search:
             return _run_search(model, cluster, work, layout, args, kwargs)
@@ -451,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plan error: {e}", file=sys.stderr)
         return 2
     if args.json:
-        record = _with_uncertainty(result)
+        record = with_uncertainty(result)
         if args.gpu_mttf_hours:
             record["failures"] = dataclasses.asdict(
                 failure_cost(failure_inputs(result, model, cluster, work, args)))
@@ -461,16 +486,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if result.fits else 1
 
 
-def _with_uncertainty(result: Plan) -> dict[str, Any]:
-    """The plan's JSON with its expected error band and least certain term."""
-    band, term = expected_band(result.layout), least_certain(result)
-    low, high = band.actual(result.tokens_per_second_per_gpu)
-    return {**result.to_dict(),
-            "expected_error": {"held_out_ratio_low": band.low, "held_out_ratio_high": band.high,
-                               "published_runs": band.runs, "basis": band.basis,
-                               "tokens_per_second_per_gpu": [low, high]},
-            "least_certain_term": {"name": term.name, "seconds": term.seconds,
-                                   "share": term.share, "error": term.error, "why": term.why}}
+def _planned(args: argparse.Namespace) -> tuple[Plan, Cluster, str]:
+    """The plan of the flags, its cluster and its report (for --verify)."""
+    model, cluster, work, layout = resolve(args)
+    result = plan_fitting(model, cluster, work, layout, mfu=args.mfu, headroom=args.headroom)
+    args.ac = layout.ac
+    return result, cluster, format_plan(result, model, cluster, work, args)
 
 
 if __name__ == "__main__":

@@ -56,14 +56,25 @@ def ring_volume(n: int, nbytes: float) -> float:
     return (n - 1) / n * nbytes
 
 
-def link(cluster: Cluster, span: int, message_bytes: float) -> tuple[str, float, float]:
-    """The link, its GB/s for ``message_bytes`` a ring step and its hop latency for a group
-    spanning ``span`` consecutive ranks."""
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
+"""The collectives a layout's dimensions use, as ``GPU.collective_gbps`` names them."""
+
+
+def link(cluster: Cluster, span: int, message_bytes: float, kind: str = "all_gather"
+         ) -> tuple[str, float, float]:
+    """The link, its GB/s for ``message_bytes`` a ring step of collective ``kind`` and its hop
+    latency for a group spanning ``span`` consecutive ranks: a measured curve of that
+    collective on that link (``GPU.collective_gbps``) first, then the intra-node curve, then
+    the nominal rate."""
     gpu = cluster.gpu
-    if span <= cluster.gpus_per_node:
-        rate = rate_at(gpu.intra_node_gbps_by_message, message_bytes) or gpu.intra_node_gbps
+    scope = "intra" if span <= cluster.gpus_per_node else "inter"
+    curves = dict(gpu.collective_gbps)
+    measured = rate_at(curves.get(f"{kind}/{scope}", ()), message_bytes)
+    if scope == "intra":
+        rate = measured or rate_at(gpu.intra_node_gbps_by_message, message_bytes) \
+            or gpu.intra_node_gbps
         return "intra-node", rate, gpu.intra_node_latency_s
-    return "inter-node", gpu.inter_node_gbps, gpu.inter_node_latency_s
+    return "inter-node", measured or gpu.inter_node_gbps, gpu.inter_node_latency_s
 
 
 def rate_at(curve: tuple[tuple[float, float], ...], message_bytes: float) -> float:
@@ -94,31 +105,47 @@ def communication(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
     recomputed = sum(checkpointed(layout.ac, layers))
     comms: list[Comm] = []
 
-    def add(dim: str, group: int, span: int, nbytes: float, hops: float) -> None:
-        if group > 1:
-            name, bandwidth, latency = link(cluster, span, nbytes / max(hops, 1.0))
-            comms.append(Comm(dim, group, name, bandwidth, nbytes, hops, latency))
+    def add(dim: str, group: int, span: int, *parts: tuple[str, float, float]) -> None:
+        """One dimension's traffic: (collective, bytes, hops) parts, each at its own
+        collective's rate for its ring step's message; the Comm carries their total bytes at
+        the rate that gives their summed seconds."""
+        nbytes, hops = sum(p[1] for p in parts), sum(p[2] for p in parts)
+        if group == 1 or nbytes <= 0:
+            return
+        seconds, name, latency = 0.0, "", 0.0
+        for kind, part_bytes, part_hops in parts:
+            name, rate, latency = link(cluster, span, part_bytes / max(part_hops, 1.0), kind)
+            seconds += part_bytes / rate
+        comms.append(Comm(dim, group, name, nbytes / seconds, nbytes, hops, latency))
 
     # Innermost first: [pp, dp_replicate, dp_shard, cp, tp].
-    tp_calls = microbatches * (8 * layers + 4 * recomputed)
-    add("tp", t, t, tp_calls * ring_volume(t, sbh / cp), tp_calls * (t - 1))
+    tp_calls = microbatches * (8 * layers + 4 * recomputed)  # half gathers, half reductions
+    tp_half = (tp_calls / 2 * ring_volume(t, sbh / cp), tp_calls / 2 * (t - 1))
+    add("tp", t, t, ("all_gather", *tp_half), ("reduce_scatter", *tp_half))
     if cp > 1:  # K/V forward and backward, their gradients back (ring.py)
-        add("cp", cp, t * cp, *cp_traffic(m, work, layout, microbatches, layers, recomputed))
+        rotate = "all_gather" if layout.cp_rotate_method == "allgather" else "all_to_all"
+        add("cp", cp, t * cp,
+            (rotate, *cp_traffic(m, work, layout, microbatches, layers, recomputed)))
     n = layout.fsdp_degree
     syncs = 1 if pp > 1 else microbatches  # pipelined FSDP reduces once per step
     gathers = _gathers(layout, microbatches)
-    per_param = gathers * prec.compute_bytes + syncs * prec.reduce_bytes
     split = expert_split(layout)  # ep x ETP ranks hold different experts' weights
     efsdp = n * t // split
-    fsdp = ring_volume(n, local * per_param) + ring_volume(efsdp, experts / split * per_param)
     units = layers + 2  # one FSDP unit per block, the embedding and the head
-    add("fsdp", n, t * n, fsdp, units * (gathers + syncs) * (n - 1))
+
+    def fsdp(calls: int, nbytes: int) -> tuple[float, float]:
+        return (ring_volume(n, local * calls * nbytes)
+                + ring_volume(efsdp, experts / split * calls * nbytes), units * calls * (n - 1))
+
+    add("fsdp", n, t * n, ("all_gather", *fsdp(gathers, prec.compute_bytes)),
+        ("reduce_scatter", *fsdp(syncs, prec.reduce_bytes)))
     r = layout.dp_replicate
-    add("dp_replicate", r, t * n * r, syncs * 2 * ring_volume(r, local / n * prec.reduce_bytes),
-        units * syncs * 2 * (r - 1))
+    add("dp_replicate", r, t * n * r,
+        ("all_reduce", syncs * 2 * ring_volume(r, local / n * prec.reduce_bytes),
+         units * syncs * 2 * (r - 1)))
     _add_all_to_all(comms, m, cluster, work, layout, microbatches, layers)
     sends = microbatches * layout.stages_per_rank * 2
-    add("pp", pp, cluster.num_gpus, sends * sbh / (t * cp), sends)
+    add("pp", pp, cluster.num_gpus, ("send_recv", sends * sbh / (t * cp), sends))
     return comms
 
 
@@ -148,5 +175,6 @@ def _add_all_to_all(comms: list[Comm], m: ModelShape, cluster: Cluster, work: Wo
     _, share = all_to_all_share(layout.ep, cluster.gpus_per_node)
     calls = 2 * microbatches * (2 * moe_layers + recomputed)
     sent = volume * share
-    name, bandwidth, latency = link(cluster, layout.ep, sent / calls)  # consecutive ranks
+    name, bandwidth, latency = link(cluster, layout.ep, sent / calls,  # consecutive ranks
+                                    "all_to_all")
     comms.append(Comm("ep", layout.ep, name, bandwidth, sent, calls, latency))

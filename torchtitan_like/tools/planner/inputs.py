@@ -80,6 +80,20 @@ class GPU:
     its messages by copies through memory, measured here at 1.2 GB/s for 1 MiB a rank and
     0.55 for 32 MiB (scripts/bench_planner_structure.py, docs/measurements.md); a GPU preset
     has no curve (an nccl-tests sweep would be one)."""
+    collective_gbps: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] = ()
+    """Measured (bytes per ring step, GB/s a rank sends) curves per collective and link,
+    keyed "all_gather/intra", "reduce_scatter/inter", ... (``ttl-plan --calibrate``,
+    tools/planner/hardware.py): a collective with its own curve runs at it; without, at
+    ``intra_node_gbps_by_message`` / the nominal rates."""
+    gemm_tflops_by_dtype: tuple[tuple[str, float], ...] = ()
+    """Measured TFLOP/s of the job's own weight matmuls (forward and both backward shapes,
+    FLOPs-weighted), by compute dtype ("float32", "bfloat16", "float8"): when the compute
+    dtype has one, the gemm term runs at it instead of ``peak_tflops x gemm_efficiency``."""
+    attention_tflops_by_seq: tuple[tuple[float, float], ...] = ()
+    """Measured (sequence length, TFLOP/s) of the attention kernels, forward and backward,
+    FLOPs counted as step_time.py counts them, in the job's compute dtype: when given, the
+    attention term runs at the rate interpolated at the job's sequence length (linear in log
+    length) instead of ``peak_tflops x attention_efficiency``."""
 
 
 # Peaks: vendor datasheets (dense, no sparsity). gemm_efficiency: the "Maximum Achievable

@@ -55,8 +55,8 @@ from torchtitan_like.tools.planner.activations import (
     routed_elements,
 )
 from torchtitan_like.tools.planner.calibration import CALIBRATION, Calibration
-from torchtitan_like.tools.planner.communication import Comm
-from torchtitan_like.tools.planner.inputs import Cluster, Layout, ModelShape, Workload
+from torchtitan_like.tools.planner.communication import Comm, rate_at
+from torchtitan_like.tools.planner.inputs import GPU, Cluster, Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.moe import routed_forward_share
 from torchtitan_like.tools.planner.ring import FLASH_BACKWARD_FLOPS, attention_factor, ring_time
 from torchtitan_like.tools.planner.schedule import (
@@ -117,22 +117,41 @@ def _elementwise_elements(m: ModelShape, tp: int, fused_norm: bool) -> float:
     return layer_elements(m, "none", tp, fused_norm) - gathered - routed_elements(m, tp)
 
 
-def _gemm_time(m: ModelShape, cluster: Cluster, layout: Layout, tokens: float
-               ) -> tuple[float, float]:
+def _gemm_time(m: ModelShape, cluster: Cluster, layout: Layout, tokens: float,
+               compute_bytes: int) -> tuple[float, float]:
     """(all weight matmuls, the output head's) seconds for ``tokens`` tokens on one GPU."""
     gpu = cluster.gpu
     gemm_flops = tokens * m.flops_per_token(0)
     head_flops = tokens * 6 * m.vocab_size * m.dim  # the output projection (stays bf16)
-    bf16 = gpu.peak_tflops * 1e12 * gpu.gemm_efficiency
-    if layout.float8 and gpu.fp8_tflops:  # (without fp8 tensor cores: emulated, bf16 rate)
-        fp8 = gpu.fp8_tflops * 1e12 * gpu.gemm_efficiency
-        return head_flops / bf16 + (gemm_flops - head_flops) / fp8, head_flops / bf16
-    return gemm_flops / bf16, head_flops / bf16
+    rate = gemm_rate(gpu, DTYPE_NAMES.get(compute_bytes, "bfloat16"))
+    measured = dict(gpu.gemm_tflops_by_dtype)
+    if layout.float8 and (gpu.fp8_tflops or "float8" in measured):  # (else emulated: bf16)
+        fp8 = gemm_rate(gpu, "float8")
+        return head_flops / rate + (gemm_flops - head_flops) / fp8, head_flops / rate
+    return gemm_flops / rate, head_flops / rate
 
 
-def attention_rate(cluster: Cluster) -> float:
-    """FLOP/s of the attention kernels."""
-    return cluster.gpu.peak_tflops * 1e12 * cluster.gpu.attention_efficiency
+DTYPE_NAMES = {4: "float32", 2: "bfloat16"}
+"""A compute dtype's name by its bytes, as ``GPU.gemm_tflops_by_dtype`` keys it."""
+
+
+def gemm_rate(gpu: GPU, dtype: str) -> float:
+    """FLOP/s of the weight matmuls in ``dtype``: measured at the job's shapes
+    (``GPU.gemm_tflops_by_dtype``, a hardware profile) or the preset's share of its peak (the
+    bf16 peak for any dtype but float8, the GPU's fp8 peak for float8)."""
+    measured = dict(gpu.gemm_tflops_by_dtype)
+    if dtype in measured:
+        return measured[dtype] * 1e12
+    peak = gpu.fp8_tflops if dtype == "float8" and gpu.fp8_tflops else gpu.peak_tflops
+    return peak * 1e12 * gpu.gemm_efficiency
+
+
+def attention_rate(cluster: Cluster, seq_len: int) -> float:
+    """FLOP/s of the attention kernels on ``seq_len`` tokens: measured at lengths around it
+    (``GPU.attention_tflops_by_seq``, a hardware profile) or the preset's share of its peak."""
+    gpu = cluster.gpu
+    return rate_at(gpu.attention_tflops_by_seq, seq_len) * 1e12 \
+        or gpu.peak_tflops * 1e12 * gpu.attention_efficiency
 
 
 def compute_times(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout,
@@ -143,10 +162,11 @@ def compute_times(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
     local_tokens = work.global_batch * work.seq_len / layout.dp / layout.cp
     tokens = local_tokens / (layout.tp * layout.pp)  # FLOPs split over TP and PP too
     imbalance = busiest_rank_layers(m, layout) * layout.pp / m.n_layers  # the slowest stage
-    gemm, head = _gemm_time(m, cluster, layout, tokens)
+    gemm, head = _gemm_time(m, cluster, layout, tokens, work.precision.compute_bytes)
     gemm *= imbalance
     forward = tokens * m.attention_flops_per_token(work.seq_len) / 6  # causal, one forward
-    attention = forward * ATTENTION_PASS_FLOPS / attention_rate(cluster) * imbalance \
+    kernel_rate = attention_rate(cluster, work.seq_len // layout.cp)  # a CP rank's chunk
+    attention = forward * ATTENTION_PASS_FLOPS / kernel_rate * imbalance \
         * attention_factor(layout, calibration.ring_efficiency)
     passes = calibration.compiled_passes if layout.compile else calibration.eager_passes
     crossings = (_elementwise_elements(m, layout.tp, gpu.fused_rms_norm) * passes
@@ -230,7 +250,8 @@ def estimate_step_time(m: ModelShape, cluster: Cluster, work: Workload, layout: 
     compute = gemm + attention + memory_bound + recompute
     seconds = {c.dim: c.seconds for c in comms}
     tp = seconds.get("tp", 0.0)  # async TP: no share hidden (ASYNC_TP)
-    ring = ring_time(m, work, layout, microbatches, attention_rate(cluster),
+    ring = ring_time(m, work, layout, microbatches,
+                     attention_rate(cluster, work.seq_len // layout.cp),
                      calibration.ring_efficiency, next((c for c in comms if c.dim == "cp"), None),
                      cluster.gpu.hbm_tbps)
     cp = ring.total

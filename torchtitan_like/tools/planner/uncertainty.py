@@ -16,7 +16,7 @@ seconds, too long for every ttl-plan call.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torchtitan_like.tools.planner.heldout_record import HELD_OUT
 from torchtitan_like.tools.planner.published import PUBLISHED_RUNS, PublishedRun
@@ -163,3 +163,15 @@ def least_certain(plan: Plan) -> Term:
             best = term
     assert best is not None
     return best
+
+
+def with_uncertainty(result: Plan) -> dict[str, Any]:
+    """The plan's JSON with its expected error band and least certain term."""
+    band, term = expected_band(result.layout), least_certain(result)
+    low, high = band.actual(result.tokens_per_second_per_gpu)
+    return {**result.to_dict(),
+            "expected_error": {"held_out_ratio_low": band.low, "held_out_ratio_high": band.high,
+                               "published_runs": band.runs, "basis": band.basis,
+                               "tokens_per_second_per_gpu": [low, high]},
+            "least_certain_term": {"name": term.name, "seconds": term.seconds,
+                                   "share": term.share, "error": term.error, "why": term.why}}
