@@ -95,11 +95,13 @@ def rate_at(curve: tuple[tuple[float, float], ...], message_bytes: float) -> flo
 def communication(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout,
                   microbatches: int) -> list[Comm]:
     """Bytes each GPU of the busiest pipeline rank sends per step, per parallel dimension
-    (FSDP: rank 0's stage with the embedding)."""
+    (FSDP: rank 0's stage with the embedding, and the head without PP)."""
     prec, t, cp, pp = work.precision, layout.tp, layout.cp, layout.pp
     layers = busiest_rank_layers(m, layout)
     experts = rank_layers(m, layout, 0) * m.expert_block_params  # rank 0's routed experts
-    local = (rank_layers(m, layout, 0) * m.block_params - experts + m.embedding_params) / t
+    head = m.head_params if pp == 1 else 0.0  # rank 0 holds the last stage too without PP
+    local = (rank_layers(m, layout, 0) * m.block_params - experts + m.embedding_params
+             + head) / t
     tokens = layout.local_batch_size * work.seq_len  # per microbatch, before CP
     sbh = tokens * m.dim * prec.compute_bytes
     recomputed = sum(checkpointed(layout.ac, layers))
