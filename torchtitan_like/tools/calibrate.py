@@ -14,6 +14,8 @@ the launcher gives it; a rate is the slowest rank's. Measured, at the planned jo
 - **attention**: the model's attention call (models/attention.py) forward and backward, causal,
   at the job's sequence length and half of it, FLOPs counted as step_time.py counts them;
 - **element-wise bandwidth**: a product of two feed-forward-wide activations (3 crossings);
+- **host dispatch**: per eager op, through DTensor, compiled (when the job compiles) and per
+  FSDP unit (tools/host_dispatch.py);
 - **collectives** inside a node (a group of its processes) and, with several nodes, across
   them (one process per node): all-gather, reduce-scatter, all-reduce, all-to-all and
   send/recv (a ring of batched pairs) at message sizes from 64 KiB to twice the job's
@@ -40,8 +42,10 @@ import torch
 import torch.distributed as dist
 
 from torchtitan_like.components.metrics import peak_tflops
+from torchtitan_like.tools.host_dispatch import measure_host_costs
 from torchtitan_like.tools.planner.hardware import gpu_to_dict, write_profile
 from torchtitan_like.tools.planner.inputs import CPU, GPU, GPUS, Layout, ModelShape, Workload
+from torchtitan_like.tools.planner.overheads import gemm_shapes
 from torchtitan_like.tools.planner.step_time import ATTENTION_PASS_FLOPS
 
 SWEEP = tuple(4**k for k in range(8, 15))
@@ -86,20 +90,6 @@ def _slowest(value: float, device: torch.device, group: dist.ProcessGroup | None
     return t.item()
 
 
-def gemm_shapes(m: ModelShape, layout: Layout, tokens: int) -> list[tuple[int, int, int, int]]:
-    """(count, rows, inner, columns) of every matmul of one block and the head on one TP
-    rank, forward (x W^T) and backward (dy W, dy^T x), for ``tokens`` tokens."""
-    t, h, kv = layout.tp, m.dim, m.kv_heads * m.head_dim
-    weights = [(1, m.q_dim // t, h), (2, kv // t, h), (1, h, m.q_dim // t),
-               (2, m.ffn_hidden_dim // t, h), (1, h, m.ffn_hidden_dim // t)]
-    shapes = []
-    for count, out, inner in weights:
-        n = count * m.n_layers
-        shapes += [(n, tokens, inner, out), (n, tokens, out, inner), (n, out, tokens, inner)]
-    vocab = m.vocab_size // t
-    return [*shapes, (1, tokens, h, vocab), (1, tokens, vocab, h), (1, vocab, tokens, h)]
-
-
 def _matmul(rows: int, inner: int, cols: int, dtype: str, device: torch.device
             ) -> Callable[[], object]:
     if dtype == "float8":
@@ -117,7 +107,7 @@ def measure_gemm(m: ModelShape, layout: Layout, tokens: int, dtype: str,
     """TFLOP/s of the job's weight matmuls in ``dtype``, FLOPs-weighted (each shape timed
     once; a block's shapes count n_layers times)."""
     counts: dict[tuple[int, int, int], int] = {}
-    for count, *shape in gemm_shapes(m, layout, tokens):
+    for count, *shape in gemm_shapes(m, layout.tp, tokens):
         counts[tuple(shape)] = counts.get(tuple(shape), 0) + count
     flops = seconds = 0.0
     for (rows, inner, cols), count in counts.items():
@@ -320,6 +310,8 @@ def calibrate(m: ModelShape, work: Workload, layout: Layout, device: torch.devic
                  for s in sorted({max(16, seq // 2), seq})]
     bandwidth = _slowest(measure_bandwidth(m, layout, tokens, compute, device), device,
                          op=dist.ReduceOp.MIN)
+    host = {name: _slowest(value, device)
+            for name, value in measure_host_costs(device, layout.compile).items()}
     sizes = sweep(largest_message(m, work, layout, dist.get_world_size()))
     collectives = {scope: measure_collectives(group, device, sizes)
                    for scope, group in _groups().items()}
@@ -327,7 +319,7 @@ def calibrate(m: ModelShape, work: Workload, layout: Layout, device: torch.devic
     peak = gpu.peak_tflops or max(gemm.values())
     fields = {**vars_of(gpu), "peak_tflops": peak, "gemm_efficiency": gemm["bfloat16"] / peak,
               "attention_efficiency": attention[-1][1] / peak, "hbm_tbps": bandwidth,
-              "gemm_tflops_by_dtype": tuple(gemm.items()),
+              "gemm_tflops_by_dtype": tuple(gemm.items()), **host,
               "attention_tflops_by_seq": tuple(tuple(p) for p in attention)}
     curves = []
     for scope, measured in collectives.items():
@@ -347,7 +339,7 @@ def calibrate(m: ModelShape, work: Workload, layout: Layout, device: torch.devic
         "job": {**job, **job_fields(work, layout), "tokens_per_matmul": tokens},
         "gpu": gpu_to_dict(GPU(**fields)),
         "measured": {"gemm_tflops": gemm, "attention_tflops_by_seq": attention,
-                     "elementwise_tbps": bandwidth, "collectives": collectives},
+                     "elementwise_tbps": bandwidth, "host": host, "collectives": collectives},
         "seconds": round(time.perf_counter() - started, 1),
     }
 

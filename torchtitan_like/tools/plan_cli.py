@@ -219,8 +219,10 @@ def _workload(args: argparse.Namespace, work: Workload) -> Workload:
         reduce_bytes=DTYPES[args.reduce_dtype].itemsize if args.reduce_dtype else p.reduce_bytes,
         state_bytes=DTYPES[args.state_dtype].itemsize % 4 if args.state_dtype else p.state_bytes)
     if args.state_dtype or args.optimizer_implementation:  # bf16 moments step in chunks
-        precision = dataclasses.replace(precision, step_temporary=precision.state_bytes == 0 and (
-            args.optimizer_implementation or "foreach") == "foreach")
+        kernel = args.optimizer_implementation or "foreach"
+        precision = dataclasses.replace(precision, fused_optimizer=kernel == "fused",
+                                        step_temporary=precision.state_bytes == 0
+                                        and kernel == "foreach")
     global_batch = args.global_batch or (work.global_batch if args.config else
                                          max(1, 2**22 // seq_len))
     return Workload(seq_len=seq_len, global_batch=global_batch, tokens=args.tokens,

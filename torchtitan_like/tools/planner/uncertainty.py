@@ -48,6 +48,8 @@ TERMS = {
     "bubble": "pipeline bubble",
     "ep": "MoE all-to-all",
     "grad_accumulation": "pipelined FSDP's gradient accumulation",
+    "optimizer": "gradient clipping and the optimizer step at HBM bandwidth",
+    "host": "the host's dispatch beyond the device's time (measured per-op costs)",
 }
 
 
