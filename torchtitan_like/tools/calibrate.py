@@ -56,25 +56,27 @@ BUDGET = {"cpu": 2**26, "cuda": 2**30}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
+def _sync(device: torch.device | None) -> None:
+    if device is not None and device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _seconds(fn: Callable[[], object], device: torch.device, min_seconds: float = 0.2,
-             runs: int = 3) -> float:
-    """The fastest wall seconds per call of ``fn`` (no collective inside: each rank may
-    repeat it a different number of times)."""
+def fastest_seconds(fn: Callable[[], object], device: torch.device | None = None,
+                    min_seconds: float = 0.2, runs: int = 3,
+                    clock: Callable[[], float] = time.perf_counter) -> float:
+    """The fastest seconds per call of ``fn`` by ``clock`` (wall by default): ``runs`` runs,
+    each of enough calls to last ``min_seconds`` (no collective inside: each rank may repeat
+    it a different number of times); a busy machine only slows a run down."""
     fn()
     _sync(device)
     best, iters = float("inf"), 1
     for _ in range(runs):
         while True:
-            start = time.perf_counter()
+            start = clock()
             for _ in range(iters):
                 fn()
             _sync(device)
-            seconds = time.perf_counter() - start
+            seconds = clock() - start
             if seconds >= min_seconds:
                 break
             iters *= 2
@@ -112,7 +114,7 @@ def measure_gemm(m: ModelShape, layout: Layout, tokens: int, dtype: str,
     flops = seconds = 0.0
     for (rows, inner, cols), count in counts.items():
         flops += count * 2 * rows * inner * cols
-        seconds += count * _seconds(_matmul(rows, inner, cols, dtype, device), device, 0.05)
+        seconds += count * fastest_seconds(_matmul(rows, inner, cols, dtype, device), device, 0.05)
     return flops / seconds / 1e12
 
 
@@ -129,7 +131,7 @@ def measure_attention(m: ModelShape, layout: Layout, batch: int, seq: int,
         sdpa(*qkv, is_causal=True).sum().backward()
 
     forward = 4 * batch * seq * seq * heads * m.head_dim / 2  # causal, as step_time counts
-    return forward * ATTENTION_PASS_FLOPS / _seconds(attend, device) / 1e12
+    return forward * ATTENTION_PASS_FLOPS / fastest_seconds(attend, device) / 1e12
 
 
 def measure_bandwidth(m: ModelShape, layout: Layout, tokens: int, dtype: torch.dtype,
@@ -137,7 +139,7 @@ def measure_bandwidth(m: ModelShape, layout: Layout, tokens: int, dtype: torch.d
     """TB/s of an element-wise product of two feed-forward-wide activations."""
     a, b = (torch.randn(tokens, m.ffn_hidden_dim // layout.tp, device=device, dtype=dtype)
             for _ in range(2))
-    return 3 * a.numel() * a.element_size() / _seconds(lambda: a * b, device) / 1e12
+    return 3 * a.numel() * a.element_size() / fastest_seconds(lambda: a * b, device) / 1e12
 
 
 def _collective(kind: str, nbytes: int, group: dist.ProcessGroup, device: torch.device

@@ -34,10 +34,17 @@ larger: every K/V chunk with the all-gather rotation, fp32 accumulators of the q
 gradients, the K/V gradients in flight, ring.py), and the optimizer step (a temporary per
 parameter in the foreach kernels, none with the fused one or the chunked bf16-moments step).
 
-Validation: scripts/validate_plan_memory.py measures every rank's peak with MemTracker for 20
+Each tensor is counted in the dtype the trainer holds it in: mixed_precision.py (autocast
+without FSDP: fp32 residual stream, a cast per matmul input, the weights' casts until their
+backward, none held for a checkpointed block; the composite RMSNorm's and the CPU attention's
+fp32 tensors).
+
+Validation: scripts/validate_plan_memory.py measures every rank's peak with MemTracker for 29
 layouts of the debug model on CPU (FSDP, HSDP, TP, CP, PP 1F1B/GPipe/interleaved, FSDP x TP,
-PP x TP, PP x FSDP; AC modes; bf16), each pipeline rank apart: all within 3.1%. Not measured:
-GPU allocator fragmentation (what ``headroom`` is for), float8, the V-shaped and zero-bubble
+PP x TP, PP x FSDP; AC modes; bf16 under autocast and under FSDP; bf16 moments), each pipeline
+rank apart: all within 3.1%. Not measured: GPU allocator fragmentation (what ``headroom`` is
+for), FSDP's float8 all-gather (torchao's Float8Linear otherwise keeps what a linear keeps:
+measured equal on CPU), the V-shaped and zero-bubble
 schedules (MemTracker cannot follow their ``autograd.grad`` backward); an explicit
 ``pipeline_parallel_module_fqns_per_stage``; pipelined FSDP over several schedule steps per
 optimizer step (modelled as one).

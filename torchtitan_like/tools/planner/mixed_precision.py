@@ -5,6 +5,10 @@ them in the compute dtype; this adds what differs).
 weights in the compute dtype: the embedding's output, the residual stream, the norms and every
 matmul run in it, so every kept tensor has the compute dtype's bytes c (activations.py's count).
 
+**torch's composite RMSNorm** (a CPU: ``GPU.fused_rms_norm`` False) computes a 16-bit input
+in fp32, its opmath type, and keeps the upcast input and the normalised tensor in fp32 (4
+bytes each); the fused kernel keeps its input as it came.
+
 **Autocast without FSDP** (``distributed/utils.py: maybe_autocast``, one device, TP or PP
 without data parallelism, a compute dtype below the weights'): the weights stay in the master
 dtype m. The embedding's output is an m-byte tensor and every residual add promotes the
@@ -13,20 +17,16 @@ its normalised tensor take m bytes; autocast then casts a matmul's input for tha
 (it caches casts of weights, never of activations), so a norm read by k matmuls keeps k
 c-byte copies of its output (Llama: wq, wk, wv read the attention norm, w1 and w3 the
 feed-forward's; under sequence parallelism each copy is of the all-gathered, full-length
-input). Per token and block, beyond the compute-dtype count:
-
-    2 (1 + f) h/t (m - c) + (k_attn + k_ffn - 2) h c        (f = 1 for composite RMSNorm)
-
-and the checkpointed blocks' inputs h/t (m - c). The weights' c-byte casts, cached for the
-forward and saved by their matmuls, are memory.py's ``gathered_always``. Checked by listing
-what autograd saves (``saved_tensors_hooks``) in a debug block under CPU autocast, and by
-scripts/validate_plan_memory.py's autocast rows.
+input): per norm ``norm_bytes``, against (1 + f) h/t c + h c in the count (f = 1 for the
+composite RMSNorm), and the checkpointed blocks' inputs h/t (m - c) more. The weights' c-byte
+casts, cached for the forward and saved by their matmuls, are memory.py's. Checked against
+what autograd keeps in a block (tests/unit/test_planner_mixed_precision.py) and by
+scripts/validate_plan_memory.py's bf16 rows (within 1.6%).
 
 **This project's CPU attention** (models/attention.py, ``GPU.attention_fp32``) attends 16-bit
 q, k and v in fp32: SDPA keeps the fp32 copies of q, k, v and its fp32 output, and ``wo``
 keeps the output's cast back: 4 q/t (4 - c) + q/t c beyond the count of q, k, v and output at
-c bytes. Grouped-query and Qwen3 attention; latent
-attention (MLA) is left at the count.
+c bytes. Grouped-query and Qwen3 attention; latent attention (MLA) is left at the count.
 """
 
 from __future__ import annotations
