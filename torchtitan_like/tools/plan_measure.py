@@ -94,10 +94,12 @@ def calibrate(args: argparse.Namespace, argv: list[str], model: ModelShape, work
     return run(model, work, layout, job, args.calibrate)
 
 
-def predicted(result: Plan) -> dict[str, Any]:
-    """The plan's figures the verify run measures too."""
+def predicted(result: Plan, cluster: Cluster) -> dict[str, Any]:
+    """The plan's figures the verify run measures too: its compute is the device's work
+    (and a CPU process's dispatch, on the same thread), the rest what the step waits for."""
     step = result.step
-    compute = step.compute + step.grad_accumulation
+    compute = step.compute + step.grad_accumulation + step.optimizer \
+        + (0.0 if cluster.gpu.host_overlaps_device else step.host)
     return {"tokens_per_second_per_gpu": result.tokens_per_second_per_gpu,
             "step_seconds": step.total, "compute_seconds": compute,
             "waiting_seconds": step.total - compute,
@@ -125,7 +127,7 @@ def verify(args: argparse.Namespace, argv: list[str],
     result, cluster, report = planned()
     print(report)
     measured = summarize(runs, result.layout.pp)
-    expected = predicted(result)
+    expected = predicted(result, cluster)
     ratios = comparison(expected, measured)
     print(f"Verify: {result.layout.label()} on {cluster.num_gpus} x {cluster.gpu.name}, "
           f"{args.verify_steps} timed steps after {args.verify_warmup} (fastest step)")

@@ -130,7 +130,7 @@ def communication(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
             (rotate, *cp_traffic(m, work, layout, microbatches, layers, recomputed)))
     n = layout.fsdp_degree
     syncs = 1 if pp > 1 else microbatches  # pipelined FSDP reduces once per step
-    gathers = _gathers(layout, microbatches)
+    gathers = fsdp_gathers(layout, microbatches)
     split = expert_split(layout)  # ep x ETP ranks hold different experts' weights
     efsdp = n * t // split
     units = layers + 2  # one FSDP unit per block, the embedding and the head
@@ -151,7 +151,7 @@ def communication(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
     return comms
 
 
-def _gathers(layout: Layout, microbatches: int) -> int:
+def fsdp_gathers(layout: Layout, microbatches: int) -> int:
     """FSDP all-gathers of each parameter per step. Without PP, one per microbatch forward and,
     resharding after forward, one more per backward. Under PP the stage keeps its parameters
     gathered after a backward until the last (``set_reshard_after_backward(False)``): without

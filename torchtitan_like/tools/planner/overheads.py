@@ -1,5 +1,6 @@
 """What a step pays beside the kernels the compute parts count at their peak rates: matmul
-shapes too thin to be compute-bound, the optimizer step, and the host's dispatch of every op.
+shapes too thin to be compute-bound, the optimizer step, FSDP's copies and the host's dispatch
+of every op.
 Each is counted from first principles, with the per-op host costs measured (``GPU`` fields;
 ``ttl-plan --calibrate`` measures this machine's); none is fitted.
 
@@ -21,6 +22,12 @@ square root into a temporary, its scaling and epsilon, and the update: 2 + 3 + 2
 + 2 + 4), the fused kernel 7 (reads p, g, m, v; writes p, m, v), each of the master dtype's
 bytes, at HBM bandwidth.
 
+**FSDP's copies** (``fsdp_copy_seconds``, in the fsdp part). Beside its collectives FSDP2
+copies every unit it gathers out of the all-gather buffer into the parameters and its shard in,
+and every gradient it reduces into the reduce-scatter buffer and the reduced shard out: read
+and write each, at HBM bandwidth. A GPU issues the copy-out on the compute stream and the rest
+on the collectives' streams; a CPU process does them all on the thread that computes.
+
 **Host dispatch** (``host_seconds``). Every op the trainer issues costs the host its dispatch
 (Python, autograd, the dispatcher, the launch): ``GPU.host_op_s`` each, measured by timing a
 block's forward and backward on tiny tensors, where nothing but dispatch is left, and
@@ -37,6 +44,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from torchtitan_like.tools.planner.communication import fsdp_gathers
 from torchtitan_like.tools.planner.schedule import busiest_rank_layers, checkpointed
 
 if TYPE_CHECKING:
@@ -93,6 +101,27 @@ def optimizer_seconds(m: ModelShape, cluster: Cluster, work: Workload, layout: L
               + m.head_params) / (layout.tp * layout.fsdp_degree)
     accesses = CLIP_ACCESSES + ADAM_ACCESSES["fused" if prec.fused_optimizer else "foreach"]
     return params * accesses * prec.master_bytes / (cluster.gpu.hbm_tbps * 1e12)
+
+
+def fsdp_copy_seconds(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout,
+                      microbatches: int) -> float:
+    """FSDP's own copies on the busiest GPU per step (module docstring): per gather, the
+    shard into the all-gather buffer and the gathered unit out into the parameters (read and
+    write each); per reduction, the unsharded gradients into the reduce-scatter buffer and the
+    reduced shard out; at HBM bandwidth. A GPU runs the copy-out on the compute stream (the
+    rest beside it, on the collectives' streams); a CPU process all of them on the thread that
+    computes."""
+    if not layout.fsdp_enabled:
+        return 0.0
+    prec, n = work.precision, layout.fsdp_degree
+    full = (busiest_rank_layers(m, layout) * m.block_params + m.embedding_params
+            + m.head_params) / layout.tp
+    gathers, syncs = fsdp_gathers(layout, microbatches), 1 if layout.pp > 1 else microbatches
+    copy_out = gathers * 2 * full * prec.compute_bytes
+    rest = gathers * 2 * full / n * prec.compute_bytes + syncs * 2 * (full + full / n) \
+        * prec.reduce_bytes
+    hidden = cluster.gpu.comm_overlaps_compute
+    return (copy_out + (0.0 if hidden else rest)) / (cluster.gpu.hbm_tbps * 1e12)
 
 
 def host_seconds(m: ModelShape, gpu: GPU, layout: Layout, microbatches: int) -> float:

@@ -30,7 +30,7 @@
                 the first unit's gather and the last unit's reduce-scatter are always exposed;
                 under PP the reductions run after the stage's last backward: all exposed,
                 pp times over with a runtime that reduces before sending (see
-                ``_exposed_data_parallel``)
+                ``_exposed_data_parallel``); plus FSDP's own copies (overheads.py)
     pp          point-to-point activation transfers (exposed)
     grad_accumulation  pipelined FSDP's per-microbatch accumulation of the stage's unsharded
                 gradients in the reduce dtype, at HBM bandwidth (``gradient_accumulation``)
@@ -65,6 +65,7 @@ from torchtitan_like.tools.planner.communication import Comm, rate_at
 from torchtitan_like.tools.planner.inputs import GPU, Cluster, Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.moe import routed_forward_share
 from torchtitan_like.tools.planner.overheads import (
+    fsdp_copy_seconds,
     host_seconds,
     optimizer_seconds,
     roofline_factor,
@@ -276,7 +277,8 @@ def estimate_step_time(m: ModelShape, cluster: Cluster, work: Workload, layout: 
     if layout.ep_overlapped:  # another microbatch's compute runs during the all-to-all
         ep = max(0.0, ep - compute)
     fsdp = _exposed_data_parallel(m, work, layout, seconds, compute, microbatches,
-                                  cluster.gpu.comm_overlaps_compute)
+                                  cluster.gpu.comm_overlaps_compute) \
+        + fsdp_copy_seconds(m, cluster, work, layout, microbatches)
     accumulation = gradient_accumulation(m, cluster, work, layout, microbatches)
     b = bubble_fraction(layout.pp, microbatches, layout.modelled_schedule,
                         layout.stages_per_rank)
