@@ -282,8 +282,8 @@ def _header(model: ModelShape, cluster: Cluster, work: Workload, args: argparse.
         f"({model.n_layers} layers, dim {model.dim}, {model.n_heads} heads, "
         f"{model.kv_heads} KV heads, FFN {model.ffn_hidden_dim}, vocab {model.vocab_size})",
         f"Cluster: {cluster.num_gpus} x {gpu.name} ({cluster.num_nodes} node(s) of "
-        f"{cluster.gpus_per_node}; {gpu.memory_gib:g} GiB, {gpu.peak_tflops:g} TFLOP/s bf16, "
-        f"{gpu.intra_node_gbps:g} GB/s in a node, {gpu.inter_node_gbps:g} GB/s between nodes)"
+        f"{cluster.gpus_per_node}; {gpu.memory_gib:.4g} GiB, {gpu.peak_tflops:.4g} TFLOP/s bf16, "
+        f"{gpu.intra_node_gbps:.4g} GB/s in a node, {gpu.inter_node_gbps:.4g} GB/s between nodes)"
         + (f"; {load_profile(args.hardware).describe()}" if args.hardware else ""),
         f"Workload: seq {work.seq_len}, global batch {work.global_batch} sequences = "
         f"{_si(work.global_batch * work.seq_len)} tokens/step"
@@ -324,7 +324,7 @@ def _memory_lines(result: Plan, work: Workload, args: argparse.Namespace) -> lis
 def _time_lines(result: Plan) -> list[str]:
     lines = ["Communication per step, bytes each GPU sends:"]
     for c in result.comms:
-        lines.append(f"  {c.dim:12s} group {c.group:5d}  {c.link:10s} {c.bandwidth_gbps:6.0f} "
+        lines.append(f"  {c.dim:12s} group {c.group:5d}  {c.link:10s} {c.bandwidth_gbps:6.3g} "
                      f"GB/s  {c.bytes_per_step / 1e9:10.2f} GB  {c.seconds:8.3f} s")
     if not result.comms:
         lines.append("  none (one GPU)")
