@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         config = parse_args(argv, world_size)
         trainer_class(config)  # [job] trainer: it exists and is a Trainer
         check_before_start(config)
-    except (ConfigError, DumpFolderInUse) as e:
+    except (ConfigError, DumpFolderInUse, KeyboardInterrupt) as e:
         return report_failure(e)
     return ExitCode.OK
 
