@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from torchtitan_like.components.run_summary import settings_without_effect
 from torchtitan_like.config.manager import build_job_config
+from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.tools.planner.from_config import implied_num_gpus
 from torchtitan_like.validate import parse_args
 
@@ -38,9 +40,12 @@ def test_every_shipped_config_is_listed():
 
 @pytest.mark.parametrize("name", WORLD_SIZES)
 def test_shipped_config_validates(name):
+    """... and sets nothing without effect (config/switches.py)."""
     config = parse_args(["--job.config_file", str(CONFIGS / name), *ON_THIS_CPU],
                         WORLD_SIZES[name])
     assert config.job.description
+    dims = ParallelDims.from_config(config, WORLD_SIZES[name])
+    assert settings_without_effect(config, dims) is None
 
 
 @pytest.mark.parametrize("name", WORLD_SIZES)
