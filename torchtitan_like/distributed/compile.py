@@ -80,9 +80,10 @@ def _holds_eager_part(module: nn.Module, experts: Collection[nn.Module]) -> bool
 def _compile_around(module: nn.Module, experts: Collection[nn.Module]) -> None:
     """Compile each child of ``module`` (whose own forward stays eager) that is not one of
     ``experts``: a local TP region without experts inside its hooks, others whole if they
-    hold no eager part, else around it in turn. A torch.nn layer (an RMSNorm: one ATen op,
-    nothing to fuse) stays eager: dynamo does not start a frame inside torch's own files,
-    and ``fullgraph`` would refuse the empty result."""
+    hold no eager part, else around it in turn. A torch.nn layer stays eager: dynamo does not
+    start a frame inside torch's own files, and ``fullgraph`` would refuse the empty result;
+    so does an RMSNorm (models/norm.py: one fused kernel, nothing to fuse), which compiled
+    alone would add one recompilation per instance (dynamo guards on the module)."""
     for child in module.children():
         if child in experts:
             continue
@@ -90,7 +91,8 @@ def _compile_around(module: nn.Module, experts: Collection[nn.Module]) -> None:
             child.forward = torch.compile(child.forward, fullgraph=True)
         elif _holds_eager_part(child, experts):
             _compile_around(child, experts)
-        elif not type(child).forward.__module__.startswith("torch."):
+        elif not (type(child).forward.__module__.startswith("torch.")
+                  or isinstance(child, nn.RMSNorm)):
             child.compile(fullgraph=True)
 
 
