@@ -84,10 +84,10 @@ def _gpu_blockwise(c: JobConfig, device: str) -> bool:
 GATES = (
     Gate('[float8] moe_grouped_mm = "mxfp8"',
          lambda c, _d: c.float8.moe_grouped_mm == "mxfp8",
-         torch_min=(2, 13), probe=_dtensor_scaled_mm_strategies),
+         torch_min=(2, 13), probe=lambda: _dtensor_scaled_mm_strategies()),
     Gate("[float8] moe_grouped_mm", _uses_torchao_moe, torchao_min=(0, 18)),
     Gate('[float8] recipe_name = "blockwise"', _gpu_blockwise, torch_min=(2, 11),
-         probe=_functional_scaled_mm, torchao_min=(0, 18)),
+         probe=lambda: _functional_scaled_mm(), torchao_min=(0, 18)),
 )
 
 
