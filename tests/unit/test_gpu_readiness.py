@@ -137,6 +137,36 @@ def test_gpu_smoke_script_parses_and_refuses_a_cpu_machine(tmp_path):
     assert done.returncode == 1 and len(lines) == 1 and "no usable GPU" in lines[0], lines
 
 
+def test_gpu_smoke_dry_run_reports_every_row_past_failures_and_timeouts(tmp_path):
+    """The whole script's control flow without a GPU (``--dry-run``: fake checks and figures):
+    a failed check and one over its cap do not stop it, every row is printed, then the
+    throughput table (with a failed and a timed-out job), and the archive is written. The
+    planner really runs on each job's TOML. Nothing is timed."""
+    env = {**os.environ, "PYTHON": sys.executable, "SMOKE_DIR": str(tmp_path / "logs"),
+           "SMOKE_ARCHIVE": str(tmp_path / "out"), "SMOKE_DRY_FAIL": "sdpa-backends f8-tensorwise",
+           "SMOKE_DRY_TIMEOUT": "blockwise-warm hf",
+           "SMOKE_THROUGHPUT_JOBS": "compile,hf,f8-tensorwise,ckpt-stall"}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_smoke.sh"), "--dry-run"], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    rows = dict(line.split()[:2] for line in done.stdout.splitlines()
+                if line and not line.startswith(("|", " ")) and len(line.split()) > 2
+                and line.split()[1] in ("ok", "FAIL", "TIMEOUT", "skip"))
+    assert rows["sdpa-backends"] == "FAIL" and rows["blockwise-warm"] == "TIMEOUT"
+    assert rows["multi-gpu"] == "skip"
+    assert {name for name, status in rows.items() if status == "ok"} >= {
+        "preflight", "baseline", "full-stack", "resume", "float8-rowwise", "bf16-moments",
+        "moe-low-precision", "blockwise-cold", "deepseek-recipe"}
+    table = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert table[0].startswith("| job | status | tokens/s | MFU (measured peak) | MFU (datasheet)")
+    jobs = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in table[1:]}
+    assert jobs["compile"] == "ok" and jobs["hf"] == "TIMEOUT"
+    assert jobs["f8-tensorwise"].startswith("FAIL") and "stalls the loop" in jobs["ckpt-stall"]
+    assert "3 check(s) failed or timed out" in done.stdout  # two rows and the throughput script
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {
+        "summary.txt", "throughput.md", "throughput.json", "smoke_logs.tar.gz"}
+
+
 def test_float8_rowwise_is_admitted_only_where_its_kernels_exist():
     from torchtitan_like.components.float8 import check_cuda_capability
     from torchtitan_like.config.job_config import Float8
