@@ -167,26 +167,18 @@ class CompiledBf16MomentsAdam(Bf16MomentsAdam):
         super().__init__(params, lr, betas, eps, weight_decay, decoupled_weight_decay,
                          foreach=False)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def _step_chunk(self, group: dict, params: list[torch.Tensor]) -> None:
         update = _compiled_update()
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in (p for p in group["params"] if p.grad is not None):
-                state = self._state(p)
-                state["step"] += 1
-                t = state["step"].item()  # a CPU tensor: no device sync
-                update(*(_flat(x) for x in (p, p.grad, state["exp_avg"], state["exp_avg_sq"])),
-                       lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                       weight_decay=group["weight_decay"],
-                       step_size=group["lr"] / (1 - beta1**t),
-                       bias_correction2_sqrt=(1 - beta2**t) ** 0.5,
-                       decoupled=group["decoupled_weight_decay"])
-        return loss
+        beta1, beta2 = group["betas"]
+        for p in params:
+            state = self._state(p)
+            state["step"] += 1
+            t = state["step"].item()  # a CPU tensor: no device sync
+            update(*(_flat(x) for x in (p, p.grad, state["exp_avg"], state["exp_avg_sq"])),
+                   lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                   weight_decay=group["weight_decay"], step_size=group["lr"] / (1 - beta1**t),
+                   bias_correction2_sqrt=(1 - beta2**t) ** 0.5,
+                   decoupled=group["decoupled_weight_decay"])
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
