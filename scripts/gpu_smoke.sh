@@ -146,9 +146,10 @@ print(torch.__version__, 'CUDA', torch.version.cuda, torchao.__version__,
   queue block-causal-flex 150 "$PYTHON" scripts/gpu_smoke_checks.py block_causal
   queue bf16-moments-kernel 150 "$PYTHON" scripts/gpu_smoke_checks.py bf16_moments
   queue moe-grouped-mm 200 "$PYTHON" scripts/gpu_smoke_checks.py moe_grouped_mm
-  queue baseline 150 train 1 baseline --metrics.log_freq=1
-  queue_lane "full-stack 200 train 1 full $FULL" \
-    "resume 150 train 1 full $FULL --training.steps=30" \
+  queue_lane "baseline 150 train 1 baseline" \
+    "baseline-mfu 30 \"\$PYTHON\" scripts/gpu_smoke_checks.py metrics '$LOGS/baseline' --mfu --steps 20"
+  queue_lane "full-stack 150 train 1 full $FULL" \
+    "resume 120 train 1 full $FULL --training.steps=30" \
     "full-outputs 10 full_outputs" \
     "resume-log 10 resume_log"
   if [[ -z "$rowwise_why" ]]; then
@@ -165,13 +166,13 @@ print(torch.__version__, 'CUDA', torch.version.cuda, torchao.__version__,
   local moe=(--float8.moe_grouped_mm=mxfp8 --float8.emulate=true)
   case "${capability%%.*}" in 9) moe=(--float8.moe_grouped_mm=float8_rowwise) ;;
                               10) moe=(--float8.moe_grouped_mm=mxfp8) ;; esac
-  queue moe-low-precision 240 train 1 moe_low_precision --model.name=deepseek_v3 \
+  queue moe-low-precision 220 train 1 moe_low_precision --model.name=deepseek_v3 \
     --model.flavor=debugmodel --training.mixed_precision_param=bfloat16 "${moe[@]}"
   if [[ "${capability%%.*}" == 9 ]]; then
     queue blockwise-kernel 200 "$PYTHON" scripts/gpu_smoke_checks.py blockwise
-    queue_lane "blockwise-cold 240 train 1 blockwise_cold $BLOCKWISE" \
+    queue_lane "blockwise-cold 200 train 1 blockwise_cold $BLOCKWISE" \
       "blockwise-warm 90 train 1 blockwise_warm --first-step-under 30 $BLOCKWISE"
-    queue deepseek-recipe 240 train 1 deepseek_recipe --model.name=deepseek_v3 \
+    queue deepseek-recipe 220 train 1 deepseek_recipe --model.name=deepseek_v3 \
       --model.flavor=debugmodel --model.overrides.mtp_depth=1 \
       --training.mixed_precision_param=bfloat16 --float8.enable=true \
       --float8.recipe_name=blockwise --optimizer.implementation=fused_opt_states_bf16
