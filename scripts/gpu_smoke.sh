@@ -54,6 +54,7 @@ rm -rf "$LOGS" && mkdir -p "$LOGS"
 export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$LOGS/../gpu_smoke_cache/inductor}"
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$LOGS/../gpu_smoke_cache/triton}"
 export TRITON_CACHE_AUTOTUNING=1 TORCHINDUCTOR_COMPILE_THREADS="${TORCHINDUCTOR_COMPILE_THREADS:-4}"
+export TORCHAO_FORCE_SKIP_LOADING_SO_FILES="${TORCHAO_FORCE_SKIP_LOADING_SO_FILES:-1}"  # as run_train.sh
 ROWS=()  # names in the order the summary shows them
 
 # run_check NAME CAP COMMAND...: the command under a time cap, its output in $LOGS/NAME.log,

@@ -231,13 +231,15 @@ def run_job(name: str, extra: dict | None, cap: float, args: argparse.Namespace)
     shutil.rmtree(folder, ignore_errors=True)  # a rerun starts clean (one run per dump folder)
     folder.mkdir(parents=True)
     log, row = folder / "run.log", {"job": name}
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {"TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1", **os.environ,  # as run_train.sh
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     if extra is not None:
         toml = folder / "job.toml"
         toml.write_text(job_toml(pinned_or_plain(extra), folder / "dump", args.steps))
         row["plan"] = planner(toml, args.gpu)
         if name.startswith("8B") and not (row["plan"] and row["plan"]["fits"]):
-            return {**row, "status": "skip", "note": "ttl-plan: does not fit one GPU"}
+            why = "does not fit one GPU" if row["plan"] else "failed (see the log)"
+            return {**row, "status": "skip", "note": f"ttl-plan: {why}"}
         command = trainer_command(toml)
     else:
         command = [sys.executable, str(Path(__file__)), "--hf-worker", "--steps",
@@ -248,8 +250,9 @@ def run_job(name: str, extra: dict | None, cap: float, args: argparse.Namespace)
     if status != "ok":
         lines = log.read_text(errors="replace").strip().splitlines()
         return {**row, "note": lines[-1][:100] if lines else ""}
-    if extra is None:
-        row.update(json.loads(log.read_text().strip().splitlines()[-1]))
+    if extra is None:  # the worker's JSON line, whatever else the libraries printed
+        row.update(next(json.loads(line) for line in reversed(log.read_text().splitlines())
+                        if line.startswith('{"tokens_per_second"')))
     else:
         row.update(summarize_metrics(folder / "dump", args.warmup))
     if name == "ckpt-stall":
