@@ -29,6 +29,7 @@ from torchtitan_like.components.data.dataloader import build_dataloader, data_ep
 from torchtitan_like.components.data.tokenized import report_mixture
 from torchtitan_like.components.data.tokenizer import build_tokenizer
 from torchtitan_like.components.fault_injection import FaultInjector
+from torchtitan_like.components.first_step import announce_first_step
 from torchtitan_like.components.hf_export import export_last_save, exports_last_save
 from torchtitan_like.components.lr_scheduler import LRSchedulersContainer
 from torchtitan_like.components.metrics import MetricsLogger, peak_tflops
@@ -106,6 +107,7 @@ class Trainer:
                                                       config.comm.init_timeout_seconds)
         dist_utils.set_determinism(config.debug.seed, config.debug.deterministic)
         set_inductor_cache(config.compile, self.meshes)
+        announce_first_step(config, self.device.type, self.parallel_dims.ep)
 
         # 2. Data for this rank's data-parallel index.
         self.tokenizer = build_tokenizer(config.model.tokenizer_path)

@@ -17,6 +17,7 @@ from torchtitan_like.components import (
     moe_low_precision,
     optimizer,
     profiling,
+    versions,
 )
 from torchtitan_like.components.checkpoint import validate_checkpoint
 from torchtitan_like.components.converters import resolve_converters
@@ -79,6 +80,7 @@ def validate(config: JobConfig, world_size: int) -> None:
         every_nth_layer(ac.selective_ac_option)
     resolve_converters(config)
     validate_custom_sections(config)
+    versions.check_versions(config, device_type())
     float8.validate(config.float8, device_type())
     optimizer.validate(config.optimizer, config.training.dtype, device_type())
     profiling.validate(config.profiling, device_type())

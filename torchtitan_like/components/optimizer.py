@@ -1,8 +1,9 @@
 """One optimizer per model part (a pipeline rank may hold several stages), stepped together.
 
-``[optimizer] state_dtype = "bfloat16"`` keeps Adam's moments in bf16 (components/bf16_moments.py):
-torch's fused AdamW on CUDA (``implementation = "fused"``, or TorchTitan's
-``"fused_opt_states_bf16"``, which also sets the dtype), our chunked foreach step otherwise.
+``[optimizer] state_dtype = "bfloat16"`` keeps Adam's moments in bf16 (components/bf16_moments.py,
+which builds every implementation of it: ``"fused"`` or TorchTitan's ``"fused_opt_states_bf16"``,
+which also sets the dtype, runs torch's fused AdamW where its kernel takes bf16 states and a
+compiled fused step elsewhere; foreach and for-loop run a chunked step).
 """
 
 from __future__ import annotations
@@ -28,30 +29,25 @@ def validate(config: OptimizerConfig, param_dtype: str, device_type: str) -> Non
         raise ConfigError(f'[optimizer] state_dtype = "bfloat16" keeps the moments of fp32 '
                           f'parameters in bf16, but [training] dtype = "{param_dtype}" (whose '
                           'moments are already bf16): set [training] dtype = "float32"')
-    if config.implementation in FUSED and device_type != "cuda":
+    if config.implementation in FUSED and (why := bf16_moments.check_fused(device_type)):
         raise ConfigError(f'[optimizer] implementation = "{config.implementation}" with bf16 '
-                          f"moments is torch's fused CUDA AdamW; this job runs on {device_type}: "
-                          'use implementation = "foreach"')
+                          f'moments: {why}; use implementation = "foreach"')
     if config.implementation in FUSED and config.state_stochastic_rounding:
-        raise ConfigError("[optimizer] state_stochastic_rounding: torch's fused AdamW rounds its "
-                          'bf16 moments to nearest; use implementation = "foreach"')
+        raise ConfigError("[optimizer] state_stochastic_rounding: the fused bf16-moment steps "
+                          'round to nearest; use implementation = "foreach"')
 
 
 def build_optimizer(params: list[nn.Parameter], config: OptimizerConfig) -> torch.optim.Optimizer:
     """The configured Adam/AdamW over ``params`` (a validated config)."""
     common = {"lr": config.lr, "betas": (config.beta1, config.beta2), "eps": config.eps,
               "weight_decay": config.weight_decay}
-    fused = config.implementation in FUSED
-    if config.state_dtype == "bfloat16" and not fused:
-        return bf16_moments.Bf16MomentsAdam(
-            params, **common, decoupled_weight_decay=config.name == "AdamW",
-            foreach=config.implementation == "foreach",
-            stochastic_rounding=config.state_stochastic_rounding)
-    cls = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam}[config.name]
-    optimizer = cls(params, **common, foreach=config.implementation == "foreach", fused=fused)
     if config.state_dtype == "bfloat16":
-        bf16_moments.fused_with_bf16_moments(optimizer)
-    return optimizer
+        return bf16_moments.build_bf16_moments_adam(params, common, config.name,
+                                                    config.implementation,
+                                                    config.state_stochastic_rounding)
+    cls = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam}[config.name]
+    return cls(params, **common, foreach=config.implementation == "foreach",
+               fused=config.implementation in FUSED)
 
 
 class OptimizersContainer:
