@@ -30,12 +30,12 @@ from torchtitan_like.components.data.tokenized import report_mixture
 from torchtitan_like.components.data.tokenizer import build_tokenizer
 from torchtitan_like.components.fault_injection import FaultInjector
 from torchtitan_like.components.first_step import announce_first_step
-from torchtitan_like.components.hf_export import export_last_save
+from torchtitan_like.components.hf_export import export_last_save, exports_last_save
 from torchtitan_like.components.lr_scheduler import LRSchedulersContainer
 from torchtitan_like.components.metrics import MetricsLogger, peak_tflops
 from torchtitan_like.components.optimizer import OptimizersContainer
 from torchtitan_like.components.profiling import Profiler
-from torchtitan_like.components.run_summary import describe_run
+from torchtitan_like.components.run_summary import describe_run, settings_without_effect
 from torchtitan_like.components.spikes import SpikeDetector, TrainingDiverged
 from torchtitan_like.components.stragglers import StepClock
 from torchtitan_like.components.trackers import build_trackers
@@ -96,6 +96,8 @@ class Trainer:
             f" x {config.training.seq_len} tokens per step"
         )
         logger.info(describe_run(config, self.parallel_dims, self.model_parts, self.data_text))
+        if unused := settings_without_effect(config, self.parallel_dims):
+            logger.warning(unused)
 
     def _build_mesh_and_data(self, config: JobConfig) -> None:
         training = config.training
@@ -348,7 +350,7 @@ class Trainer:
             self.metrics.close()
             raise
         self.checkpointer.close()
-        if (self.config.checkpoint.last_save_in_hf and dist.get_rank() == 0
+        if (exports_last_save(self.config) and dist.get_rank() == 0
                 and self.ft.saves_checkpoints and not self.spikes.holds_checkpoint(self.step)):
             export_last_save(self.config, self.checkpointer.folder, self.step)
         self.metrics.close()

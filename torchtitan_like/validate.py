@@ -27,7 +27,6 @@ from torchtitan_like.components.data.tokenizer import build_tokenizer
 from torchtitan_like.components.fault_injection import validate_faults
 from torchtitan_like.components.hf_export import validate_hf_export
 from torchtitan_like.components.output_paths import check_output_paths
-from torchtitan_like.components.spikes import validate_spike
 from torchtitan_like.components.trackers import validate_trackers
 from torchtitan_like.config.custom_sections import validate_custom_sections
 from torchtitan_like.config.errors import ConfigError, require
@@ -119,7 +118,6 @@ def validate(config: JobConfig, world_size: int) -> None:
     check_output_paths(config)
     validate_faults(config, world_size)
     validate_trackers(config)
-    validate_spike(config.spike)
 
 
 def parse_args(argv: list[str], world_size: int) -> JobConfig:

@@ -206,9 +206,10 @@ def test_stochastic_rounding_is_unbiased_where_nearest_is_not():
      'set \\[training\\] dtype = "float32"'),
     (["--optimizer.implementation", "fused", "--optimizer.state_dtype", "bfloat16",
       "--optimizer.state_stochastic_rounding", "true"], "fused bf16-moment steps round to"),
-    (["--optimizer.state_stochastic_rounding", "true"], 'set state_dtype = "bfloat16" as well'),
 ])
 def test_refused_at_start_up(flags, message):
+    """(Stochastic rounding without bf16 moments is a setting without effect, named at
+    start-up: tests/unit/test_switches.py.)"""
     with pytest.raises(ConfigError, match=message):
         parse_args(flags, world_size=1)
 

@@ -118,22 +118,13 @@ def test_stop_ends_the_run_at_the_nth_spike_in_a_row():
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--spike.policy=off", "--spike.window=5"], 'but policy = "off" checks nothing'),
-    (["--spike.max_consecutive=2"], 'counts spikes for policy = "stop" only'),
-    (["--debug.spike_scale=3"], "[debug] spike_scale = 3 needs [debug] spike_step"),
-    (["--debug.slow_rank_seconds=1"], "needs [debug] slow_rank"),
     (["--debug.slow_rank=2"], "[debug] slow_rank = 2: must be -1 (off) or a rank in 0..1"),
-    (["--metrics.run_name=x"], "is read by enable_wandb or enable_mlflow only"),
-    (["--metrics.enable_wandb", "--metrics.mlflow_tracking_uri=x"], "by enable_mlflow only"),
 ])
-def test_a_switch_that_would_do_nothing_is_refused(args, message):
-    """Fields of spikes, faults and trackers that nothing would read: one line each."""
+def test_a_fault_that_can_never_fire_is_refused(args, message):
+    """(Fields of spikes, faults and trackers whose switch is off are settings without
+    effect, named at start-up: tests/unit/test_switches.py.)"""
     from torchtitan_like.components.fault_injection import validate_faults
-    from torchtitan_like.components.spikes import validate_spike
-    from torchtitan_like.components.trackers import validate_trackers
 
     config = build_job_config(args)
     with pytest.raises(ConfigError, match=re.escape(message)):
-        validate_spike(config.spike)
         validate_faults(config, 2)
-        validate_trackers(config)

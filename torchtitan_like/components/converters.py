@@ -91,6 +91,12 @@ def resolve_converters(config: JobConfig) -> None:
     _resolve_moe_grouped_mm(config)
 
 
+def float8_on(config: JobConfig) -> bool:
+    """Float8 linears are asked for: ``[float8] enable`` or "float8" in ``[model] converters``
+    (two spellings of one switch), read without changing the config."""
+    return config.float8.enable or "float8" in config.model.converters
+
+
 def _resolve_moe_grouped_mm(config: JobConfig) -> None:
     """``[float8] moe_grouped_mm`` other than "none" means the converter "moe_grouped_mm"
     (appended when not listed); listing it needs the recipe, which only the field names."""

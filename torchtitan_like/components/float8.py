@@ -88,11 +88,6 @@ def validate(config: Float8Config, device_type: str) -> None:
             "whole weight before the all-gather, which row-wise scales do not allow. Set "
             "enable_fsdp_float8_all_gather = false or use the tensorwise recipe"
         )
-    if config.precompute_float8_dynamic_scale_for_fsdp and not config.enable_fsdp_float8_all_gather:
-        raise ConfigError(
-            "[float8] precompute_float8_dynamic_scale_for_fsdp precomputes the scales of the "
-            "float8 all-gather: set enable_fsdp_float8_all_gather = true as well, or turn it off"
-        )
     if device_type == "cuda" and not torch.version.hip:  # ROCm: _scaled_mm checks the GPU itself
         index = int(os.environ.get("LOCAL_RANK", 0))
         check_cuda_capability(
@@ -158,10 +153,7 @@ class Float8Converter:
                  compile_enabled: bool):
         from torchao.float8 import Float8LinearConfig
 
-        fsdp = parallel_dims.fsdp_enabled
-        if config.enable_fsdp_float8_all_gather and not fsdp:
-            logger.warning("[float8] enable_fsdp_float8_all_gather and precompute have no effect "
-                           "without FSDP (one data-parallel rank): weights stay in bf16/fp32")
+        fsdp = parallel_dims.fsdp_enabled  # without: the all-gather is a setting without effect
         if device_type == "cuda" and not compile_enabled and not config.emulate:
             logger.warning("[float8] without [compile] enable the float8 casts run unfused and "
                            "float8 is usually slower than bf16; enable torch.compile")

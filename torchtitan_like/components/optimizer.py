@@ -23,9 +23,6 @@ def validate(config: OptimizerConfig, param_dtype: str, device_type: str) -> Non
     no implementation runs."""
     if config.implementation == "fused_opt_states_bf16":
         config.state_dtype = "bfloat16"
-    if config.state_stochastic_rounding and config.state_dtype != "bfloat16":
-        raise ConfigError('[optimizer] state_stochastic_rounding rounds bfloat16 moments: set '
-                          'state_dtype = "bfloat16" as well, or turn it off')
     if config.state_dtype != "bfloat16":
         return
     if param_dtype != "float32":

@@ -63,12 +63,7 @@ EXTRA_HINT = "pip install -e '.[ft]'"
 def validate(config: JobConfig, device_type: str) -> None:
     """ConfigError for a ``[fault_tolerance]`` section that cannot run (one line each)."""
     ft = config.fault_tolerance
-    if not ft.enable:
-        changed = [f for f in ("replica_id", "group_size", "min_replica_size")
-                   if getattr(ft, f) != getattr(type(ft)(), f)]
-        if changed:
-            raise ConfigError(f"[fault_tolerance] {changed[0]} is set but enable = false: set "
-                              "[fault_tolerance] enable = true, or leave it out")
+    if not ft.enable:  # its fields are then settings without effect (config/switches.py)
         return
     if importlib.util.find_spec("torchft") is None:
         raise ConfigError(f"[fault_tolerance] enable needs torchft (the ft extra): {EXTRA_HINT}")

@@ -13,11 +13,13 @@ import argparse
 import dataclasses
 import itertools
 import json
+import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.config.launcher_env import world_size_of
 from torchtitan_like.config.manager import build_job_config, import_custom_modules
 from torchtitan_like.tools.planner import (
     GPUS,
@@ -36,8 +38,12 @@ from torchtitan_like.tools.planner import (
     why_better,
 )
 from torchtitan_like.tools.planner.failures import FailureInputs, failure_cost, failure_lines
+from torchtitan_like.tools.planner.from_config import implied_num_gpus
 from torchtitan_like.tools.planner.step_time import ASYNC_TP
 from torchtitan_like.tools.planner.uncertainty import expected_band, least_certain, memory_band
+
+if TYPE_CHECKING:
+    from torchtitan_like.config.job_config import JobConfig
 
 SCHEDULES = ["1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
              "ZBVZeroBubble", "DualPipeV"]
@@ -157,7 +163,7 @@ def _pick(flag: Any, fallback: Any) -> Any:
     return fallback if flag is None else flag
 
 
-def _cluster(args: argparse.Namespace) -> Cluster:
+def _cluster(args: argparse.Namespace, num_gpus: int) -> Cluster:
     gpu = GPUS[args.gpu]
     gpu = dataclasses.replace(
         gpu, memory_gib=_pick(args.gpu_memory_gib, gpu.memory_gib),
@@ -165,7 +171,6 @@ def _cluster(args: argparse.Namespace) -> Cluster:
         intra_node_gbps=_pick(args.intra_node_gbps, gpu.intra_node_gbps),
         inter_node_gbps=_pick(args.inter_node_gbps, gpu.inter_node_gbps))
     per_node = args.gpus_per_node
-    num_gpus = args.num_gpus or (args.nodes or 1) * per_node
     if num_gpus < per_node:
         per_node = num_gpus
     if num_gpus % per_node:
@@ -174,14 +179,38 @@ def _cluster(args: argparse.Namespace) -> Cluster:
     return Cluster(gpu, gpus_per_node=per_node, num_nodes=num_gpus // per_node)
 
 
-def _from_config_or_flavor(args: argparse.Namespace, num_gpus: int
-                           ) -> tuple[ModelShape, Workload, Layout]:
+def _num_gpus(args: argparse.Namespace, config: JobConfig | None) -> tuple[int, str]:
+    """GPUs in all, and where the number comes from: --num_gpus or --nodes, else (with
+    --config) the config's degrees when they fix it, else NPROC (or NGPU) x NNODES as
+    run_train.sh would launch it, else one node."""
+    if args.num_gpus or args.nodes:
+        given = args.num_gpus or args.nodes * args.gpus_per_node
+        return given, "--num_gpus" if args.num_gpus else "--nodes"
+    if config is not None:
+        if implied := implied_num_gpus(config):
+            return implied, "the config's degrees"
+        if os.environ.get("NPROC") or os.environ.get("NGPU"):
+            return world_size_of(os.environ), "NPROC x NNODES"
+    return args.gpus_per_node, "one node, the default"
+
+
+def _read_config(args: argparse.Namespace) -> JobConfig | None:
+    """The --config job (with --flavor's model, when given), or None."""
     import_custom_modules(args.custom_import)
-    if args.config:
-        config = build_job_config(["--job.config_file", args.config])
-        import_custom_modules(config.job.custom_import)
-        if args.flavor:
-            config.model.name, config.model.flavor = args.model, args.flavor
+    if not args.config:
+        return None
+    config = build_job_config(["--job.config_file", args.config])
+    import_custom_modules(config.job.custom_import)
+    if args.flavor:
+        config.model.name, config.model.flavor = args.model, args.flavor
+    return config
+
+
+def _from_config_or_flavor(args: argparse.Namespace, config: JobConfig | None, num_gpus: int
+                           ) -> tuple[ModelShape, Workload, Layout]:
+    if config is not None:
+        if implied_num_gpus(config) not in (None, num_gpus):  # --num_gpus says otherwise:
+            config.parallelism.data_parallel_shard_degree = -1  # FSDP takes the rest
         return from_job_config(config, num_gpus)
     if not args.flavor:
         raise LayoutError("name a model: --flavor (with --model) or --config")
@@ -233,8 +262,10 @@ def _layout(args: argparse.Namespace, layout: Layout, num_gpus: int) -> Layout:
 
 def resolve(args: argparse.Namespace) -> tuple[ModelShape, Cluster, Workload, Layout]:
     """Planner inputs from the flags (and the config file, when given)."""
-    cluster = _cluster(args)
-    model, work, layout = _from_config_or_flavor(args, cluster.num_gpus)
+    config = _read_config(args)
+    num_gpus, args.gpus_from = _num_gpus(args, config)
+    cluster = _cluster(args, num_gpus)
+    model, work, layout = _from_config_or_flavor(args, config, cluster.num_gpus)
     return model, cluster, _workload(args, work), _layout(args, layout, cluster.num_gpus)
 
 
@@ -256,7 +287,8 @@ def _header(model: ModelShape, cluster: Cluster, work: Workload, args: argparse.
         f"({model.n_layers} layers, dim {model.dim}, {model.n_heads} heads, "
         f"{model.kv_heads} KV heads, FFN {model.ffn_hidden_dim}, vocab {model.vocab_size})",
         f"Cluster: {cluster.num_gpus} x {gpu.name} ({cluster.num_nodes} node(s) of "
-        f"{cluster.gpus_per_node}; {gpu.memory_gib:g} GiB, {gpu.peak_tflops:g} TFLOP/s bf16, "
+        f"{cluster.gpus_per_node}: {args.gpus_from}; {gpu.memory_gib:g} GiB, "
+        f"{gpu.peak_tflops:g} TFLOP/s bf16, "
         f"{gpu.intra_node_gbps:g} GB/s in a node, {gpu.inter_node_gbps:g} GB/s between nodes)",
         f"Workload: seq {work.seq_len}, global batch {work.global_batch} sequences = "
         f"{_si(work.global_batch * work.seq_len)} tokens/step"

@@ -53,6 +53,17 @@ def _precision(config: JobConfig) -> Precision:
                      reduce_bytes=DTYPES[t.mixed_precision_reduce].itemsize)
 
 
+def implied_num_gpus(config: JobConfig) -> int | None:
+    """The GPUs a config's degrees multiply to (replica groups included), or None when
+    ``data_parallel_shard_degree = -1`` leaves the number to the launcher."""
+    p, ft = config.parallelism, config.fault_tolerance
+    if p.data_parallel_shard_degree == -1:
+        return None
+    return (p.pipeline_parallel_degree * p.data_parallel_replicate_degree
+            * p.data_parallel_shard_degree * p.context_parallel_degree
+            * p.tensor_parallel_degree * (ft.group_size if ft.enable else 1))
+
+
 def replica_groups(config: JobConfig, num_gpus: int) -> tuple[int, int]:
     """(groups, GPUs per group) of a job on ``num_gpus`` GPUs in all: under
     ``[fault_tolerance] enable`` the replica groups are the job's dp_replicate dimension
