@@ -70,9 +70,8 @@ ISSUE_CASES = [  # issue 39's list, then the refusals the table replaced
     ("--profiling.profiler_active=2",
      "[profiling] profiler_active = 2 ([profiling] enable_profiling is off)"),
     ("--debug.fault_step=3", "[debug] fault_step = 3 ([debug] fault_rank >= 0 is off)"),
-    ("--training.dataset_path=/data/web.jsonl",
-     '[training] dataset_path = "/data/web.jsonl" ([training] dataset = "local" or "tokenized" '
-     "is off)"),
+    ("--training.dataset_text_field=body",
+     '[training] dataset_text_field = "body" ([training] dataset = "local" is off)'),
     ("--training.shuffle=true", '[training] shuffle = true ([training] dataset = "tokenized" '
                                 "is off)"),
     ("--metrics.run_name=x", '[metrics] run_name = "x" ([metrics] enable_wandb or '
@@ -135,6 +134,9 @@ def test_contradictions_are_still_refused():
     with pytest.raises(ConfigError, match=r"overrides.max_seq_len = 128 is below \[training\] "
                                           "seq_len = 256"):
         parse_args(["--model.overrides.max_seq_len=128", "--training.seq_len=256"], 1)
+    with pytest.raises(ConfigError, match=r"dataset_path names the data to train on, but "
+                                          r"\[training\] dataset = 'cpython_docs'"):
+        parse_args(["--training.dataset_path=/data/web.jsonl"], 1)  # would train on CPython's
     with pytest.raises(ConfigError, match="create_seed_checkpoint needs enable = true"):
         parse_args(["--checkpoint.create_seed_checkpoint=true"], 1)
     with pytest.raises(ConfigError, match='needs recipe_name = "tensorwise"'):

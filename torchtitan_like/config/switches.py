@@ -6,9 +6,11 @@ keeps its children, ``recipe_name``), but every such field is named in one warni
 start-up, after the run summary (components/run_summary.py). Settings that would both act and
 contradict each other are refused with a ``config error:`` line by the check of their section
 (e.g. ``[model] overrides.max_seq_len`` below ``[training] seq_len``, models/registry.py; a
-float8 all-gather with row-wise scales). One field is refused although its parent is off:
-``[checkpoint] create_seed_checkpoint`` asks for a different job (save the initial weights
-and exit), which without checkpoints would train instead.
+float8 all-gather with row-wise scales). Three fields are refused although their parent is
+off: ``[checkpoint] create_seed_checkpoint`` asks for a different job (save the initial weights
+and exit), which without checkpoints would train instead; ``[training] dataset_path`` and
+``mixture`` name the data to train on, which another dataset would replace
+(components/data/checks.py).
 
 ``PARENTS`` maps each dependent field to its parent; ``INDEPENDENT`` lists every other field
 of every section, switches included, so that a new field must be placed in one of them

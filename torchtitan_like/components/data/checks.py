@@ -25,6 +25,10 @@ from torchtitan_like.components.data.tokenized import source_folders
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import Training
 
+DATA_NAMED_BY: dict[str, tuple[str, ...]] = {"dataset_path": ("local", "tokenized"),
+                                              "mixture": ("tokenized",)}
+"""The [training] keys that name the data, and the datasets that read them."""
+
 
 def _check_file(path: Path, training: Training) -> None:
     try:
@@ -57,7 +61,16 @@ def check_data(training: Training, validation: bool, vocab_size: int) -> None:
     field and holding a non-empty document, and (``validation``) a held-out split with a
     document; a prepared folder consistent with its manifest, its ids below ``vocab_size``
     (the tokenizer's). A [training] key another dataset reads is a setting without effect
-    (config/switches.py)."""
+    (config/switches.py), except the two that name the data: a ``dataset_path`` or ``mixture``
+    the dataset would not read is refused (beside the default ``cpython_docs`` the job would
+    train on CPython's docs, not the data the user named)."""
+    for name, readers in DATA_NAMED_BY.items():
+        if getattr(training, name) and training.dataset not in readers:
+            wanted = " or ".join(f'"{r}"' for r in readers)
+            raise ConfigError(
+                f"[training] {name} names the data to train on, but [training] dataset = "
+                f"{training.dataset!r} does not read it: set [training] dataset = {wanted}, "
+                f"or remove {name}")
     if training.dataset == "tokenized":
         for folder in source_folders(training).values():
             check_prepared_folder(folder, vocab_size, validation)
