@@ -2,7 +2,7 @@
 
 ``[optimizer] state_dtype = "bfloat16"`` keeps Adam's moments in bf16 (components/bf16_moments.py):
 torch's fused AdamW on CUDA (``implementation = "fused"``, or TorchTitan's
-``"fused_opt_states_bf16"``, which also sets the dtype), our chunked foreach step otherwise.
+``"fused_opt_states_bf16"``, which implies the dtype), our chunked foreach step otherwise.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from torchtitan_like.components import bf16_moments
+from torchtitan_like.config.derived import optimizer_state_dtype
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import Optimizer as OptimizerConfig
 
@@ -18,14 +19,13 @@ FUSED = ("fused", "fused_opt_states_bf16")
 
 
 def validate(config: OptimizerConfig, param_dtype: str, device_type: str) -> None:
-    """Resolve TorchTitan's ``fused_opt_states_bf16`` (fused + bf16 moments) and refuse what
-    no implementation runs."""
-    if config.implementation == "fused_opt_states_bf16":
-        config.state_dtype = "bfloat16"
-    if config.state_stochastic_rounding and config.state_dtype != "bfloat16":
+    """Refuse what no implementation runs (the moments' dtype as derived: TorchTitan's
+    ``fused_opt_states_bf16`` is fused + bf16 moments, config/derived.py)."""
+    state_dtype = optimizer_state_dtype(config)
+    if config.state_stochastic_rounding and state_dtype != "bfloat16":
         raise ConfigError('[optimizer] state_stochastic_rounding rounds bfloat16 moments: set '
                           'state_dtype = "bfloat16" as well, or turn it off')
-    if config.state_dtype != "bfloat16":
+    if state_dtype != "bfloat16":
         return
     if param_dtype != "float32":
         raise ConfigError(f'[optimizer] state_dtype = "bfloat16" keeps the moments of fp32 '
@@ -44,15 +44,15 @@ def build_optimizer(params: list[nn.Parameter], config: OptimizerConfig) -> torc
     """The configured Adam/AdamW over ``params`` (a validated config)."""
     common = {"lr": config.lr, "betas": (config.beta1, config.beta2), "eps": config.eps,
               "weight_decay": config.weight_decay}
-    fused = config.implementation in FUSED
-    if config.state_dtype == "bfloat16" and not fused:
+    fused, bf16_states = config.implementation in FUSED, optimizer_state_dtype(config) == "bfloat16"
+    if bf16_states and not fused:
         return bf16_moments.Bf16MomentsAdam(
             params, **common, decoupled_weight_decay=config.name == "AdamW",
             foreach=config.implementation == "foreach",
             stochastic_rounding=config.state_stochastic_rounding)
     cls = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam}[config.name]
     optimizer = cls(params, **common, foreach=config.implementation == "foreach", fused=fused)
-    if config.state_dtype == "bfloat16":
+    if bf16_states:
         bf16_moments.fused_with_bf16_moments(optimizer)
     return optimizer
 
