@@ -128,14 +128,14 @@ def build_trainer(overrides: list[str], dump_folder: Path, corpus: Path, device)
 
 
 def run_in_process(argv: list[str], trainer_cls=None) -> int:
-    """What ``train.main`` does (the logger set up, then ``train.run``: the job from its command
+    """What ``entry.main`` does (the logger set up, then ``entry.run``: the job from its command
     line to its exit code), without ending the test process; a process group of one. The
     environment, the logger and torch's global settings are restored and the process group
     destroyed afterwards."""
     import torch
     import torch.distributed as dist
 
-    from torchtitan_like import train
+    from torchtitan_like import entry
     from torchtitan_like.logging import init_logger, logger
 
     saved = dict(os.environ)
@@ -144,7 +144,7 @@ def run_in_process(argv: list[str], trainer_cls=None) -> int:
     handlers, propagate, level = logger.handlers[:], logger.propagate, logger.level
     try:
         init_logger()
-        return train.run(argv, *(() if trainer_cls is None else (trainer_cls,)))
+        return entry.run(argv, *(() if trainer_cls is None else (trainer_cls,)))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

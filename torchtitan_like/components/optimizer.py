@@ -7,6 +7,8 @@ torch's fused AdamW on CUDA (``implementation = "fused"``, or TorchTitan's
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -57,18 +59,31 @@ def build_optimizer(params: list[nn.Parameter], config: OptimizerConfig) -> torc
     return optimizer
 
 
+UpdateGate = Callable[[], bool]
+"""Asked before the optimizer step: False withholds the step's update (the step still counts,
+e.g. a spike under ``[spike] policy = "skip"``); an exception abandons the step (a replica
+group that failed in it: distributed/fault_tolerance.py ``StepDropped``)."""
+
+
 class OptimizersContainer:
     """Behaves like one optimizer over all model parts; keeps one per part so that each part's
-    state dict maps onto its own parameters (what distributed checkpoints need)."""
+    state dict maps onto its own parameters (what distributed checkpoints need). ``gates``
+    decide, in order, whether a step updates the weights (the trainer adds the replica groups'
+    commit, then the spike policy)."""
 
     def __init__(self, model_parts: list[nn.Module], config: OptimizerConfig):
         self.model_parts = model_parts
         self.optimizers = [build_optimizer(list(part.parameters()), config)
                            for part in model_parts]
+        self.gates: list[UpdateGate] = []
 
-    def step(self) -> None:
+    def step(self) -> bool:
+        """Step every part's optimizer unless a gate withholds the update; True when stepped."""
+        if not all(gate() for gate in self.gates):
+            return False
         for optimizer in self.optimizers:
             optimizer.step()
+        return True
 
     def zero_grad(self) -> None:
         for optimizer in self.optimizers:

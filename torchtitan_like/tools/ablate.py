@@ -49,9 +49,9 @@ import torch
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.manager import build_job_config, tomllib
+from torchtitan_like.entry import trainer_class
 from torchtitan_like.tools.ablate_report import Result, read_metrics, write_results
 from torchtitan_like.tools.planner import CPU, predict_peak
-from torchtitan_like.train import trainer_class
 from torchtitan_like.validate import parse_args
 
 LAUNCH_ENV = {"TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1"}
