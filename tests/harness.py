@@ -28,8 +28,9 @@ import json
 import os
 import random
 import subprocess
-import sys
 from pathlib import Path
+
+from torchtitan_like.launch import TORCHRUN, torchrun_argv, worker_env
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).parent / "parallel" / "worker.py"
@@ -88,24 +89,13 @@ def write_corpus(path: Path, documents: int = 300, seed: int = 0) -> None:
 
 
 def env() -> dict[str, str]:
-    """A launch's environment. torchrun's rendezvous store stays shared with the workers (no
-    port picked free and bound later: distributed/utils.init_distributed)."""
-    return {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1",
-            "OMP_NUM_THREADS": "1"}
-
-
-def torchrun_argv(nproc: int, *args: str, max_restarts: int | None = None,
-                  launcher: str = "torch.distributed.run") -> list[str]:
-    """The command line of a standalone torchrun of ``nproc`` processes on this machine:
-    ``args`` is a script and its arguments, or ``-m module ...``, after any further launcher
-    flags. ``launcher`` is the module that launches (torchtitan_like.launch wraps torchrun)."""
-    restarts = [] if max_restarts is None else [f"--max-restarts={max_restarts}"]
-    return [sys.executable, "-m", launcher, "--standalone", f"--nproc_per_node={nproc}",
-            *restarts, *args]
+    """A launch's environment (launch.worker_env). torchrun's rendezvous store stays shared
+    with the workers (no port picked free and bound later: distributed/utils.init_distributed)."""
+    return worker_env()
 
 
 def torchrun(nproc: int, *args: str, timeout: int = 600, max_restarts: int | None = None,
-             launcher: str = "torch.distributed.run") -> subprocess.CompletedProcess:
+             launcher: str = TORCHRUN) -> subprocess.CompletedProcess:
     """Run ``torchrun_argv`` from the repository root with ``env()``, its output captured as
     text."""
     argv = torchrun_argv(nproc, *args, max_restarts=max_restarts, launcher=launcher)
