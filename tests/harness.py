@@ -174,6 +174,22 @@ def launch_layouts(layouts: dict[int, dict[str, list[str]]], root: Path,
     return results
 
 
+class OmittedStep:
+    """A trainer's data with the microbatches of one step left out (delegates the rest): the
+    data of a run that skipped that step (a spike's, a dropped one's)."""
+
+    def __init__(self, loader, step: int, per_step: int):
+        self.loader, self.first, self.count = loader, (step - 1) * per_step, per_step
+
+    def __iter__(self):
+        for index, batch in enumerate(self.loader):
+            if not self.first <= index < self.first + self.count:
+                yield batch
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+
 def read_metrics(folder: Path) -> list[dict]:
     return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
 

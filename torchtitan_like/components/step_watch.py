@@ -82,7 +82,10 @@ class StepWatch:
         the policy discards (a ``stop`` streak raises TrainingDiverged)."""
         if not self.spikes.enabled:
             return True
-        loss, grad_norm = self._checked
+        if self._checked is None:
+            raise RuntimeError("[spike] policy is on, but this train_step stepped the optimizer "
+                               "without StepWatch.check(loss, grad_norm) first")
+        (loss, grad_norm), self._checked = self._checked, None
         return not self.spikes.skips_update(self.step, self.global_sum(loss).item(), grad_norm,
                                             self.log_event)
 
