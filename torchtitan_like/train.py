@@ -344,9 +344,8 @@ class Trainer:
         """The loop, until the last step: data, step, metrics, faults, checkpoint, validation.
         ``self.step`` counts a step once committed: one the replica groups failed ends in
         ``ft.quorum``, uncounted, and the next batch retries it."""
-        while self.step < self.config.training.steps:
-            step = self.step + 1
-            with self.ft.quorum(step, self.metrics.log_event):  # a group behind heals here
+        while self.step < self.config.training.steps:  # the quorum may heal: step is after it
+            with self.ft.quorum(lambda: self.step + 1, self.metrics.log_event) as step:
                 with self.watch.loading(step):  # each rank times its own (stragglers.py)
                     microbatches = [self.post_dataloading_process(*batch)
                                     for batch in self.batches.next_step()]

@@ -8,6 +8,8 @@ trains that step again. Here a stand-in for the groups drops the second attempt 
 torchft: tests/e2e/test_torchft.py runs the real one): the run then equals, bitwise, a run
 whose data lacks those batches (the same kernels on the same inputs in the same order, class
 a of harness.py), every step is logged once and the counters never count the dropped one.
+Another stand-in heals once, as a group behind does in its quorum: the step it attempts next
+is the one after the peer's, never one counted before the heal.
 """
 
 import pytest
@@ -68,10 +70,33 @@ class DropsOnce(SingleGroup):
         return {"committed": self.committed}
 
 
+class HealsOnce(SingleGroup):
+    """A single group that heals at its third quorum: a peer two steps ahead replaces its train
+    state (step and tokens seen; the weights, which this test does not read, stay)."""
+
+    def __init__(self, trainer: Trainer):
+        self.trainer, self.quorums = trainer, 0
+
+    def start_step(self) -> bool:
+        self.quorums += 1
+        if self.quorums == 3:
+            state = self.trainer.state_dict()
+            state["step"] += 2
+            state["tokens_seen"] += 2 * self.trainer.tokens_per_rank_step
+            self.trainer.load_state_dict(state)
+        return self.quorums == 3
+
+
 class DroppingTrainer(Trainer):
     def _load_checkpoint(self, config, spec):
         super()._load_checkpoint(config, spec)
         self.ft = DropsOnce()  # before the gates are set (build step 10)
+
+
+class HealingTrainer(Trainer):
+    def _load_checkpoint(self, config, spec):
+        super()._load_checkpoint(config, spec)
+        self.ft = HealsOnce(self)
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +118,11 @@ def test_a_dropped_step_is_retried_and_counted_once(runs):
     assert trainer.step == 5 and trainer.ft.attempts == 6
     assert trainer.tokens_seen == 5 * trainer.tokens_per_rank_step  # one rank, one group
     assert losses(records) == losses(plain)  # bitwise: the dropped batches never trained
+
+
+def test_after_a_heal_the_step_attempted_follows_the_peers(one_process_group, corpus, tmp_path):
+    trainer = HealingTrainer(parse_args(job_args([], tmp_path, corpus), 1), one_process_group)
+    trainer.train()
+    assert [r["step"] for r in read_metrics(tmp_path) if "loss" in r] == [1, 2, 5]
+    assert trainer.step == 5 and trainer.ft.quorums == 3
+    assert trainer.tokens_seen == 5 * trainer.tokens_per_rank_step

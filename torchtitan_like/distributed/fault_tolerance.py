@@ -175,13 +175,16 @@ class SingleGroup:
     saves_checkpoints = True
 
     @contextlib.contextmanager
-    def quorum(self, step: int, log_event: Callable[[dict[str, Any]], None]) -> Iterator[None]:
-        """Around the attempt of step ``step``: its quorum first (``start_step``: a group behind
-        heals here), and a step the groups failed (``StepDropped``) ends here, uncounted, its
-        record written through ``log_event``."""
+    def quorum(self, next_step: Callable[[], int],
+               log_event: Callable[[dict[str, Any]], None]) -> Iterator[int]:
+        """Around the attempt of a step: its quorum first (``start_step``: a group behind heals
+        here, its step count replaced by a peer's), then the number of the step to attempt
+        (``next_step()``, read after healing); a step the groups failed (``StepDropped``) ends
+        here, uncounted, its record written through ``log_event``."""
         self.start_step()
+        step = next_step()
         try:
-            yield
+            yield step
         except StepDropped:
             log_event({"step": step, **self.record()})
 
