@@ -10,7 +10,7 @@ One step of a group lives in the objects it concerns; the trainer's loop never b
    the others (restarted after a failure) *heals* there: it receives model, optimizer, LR
    schedule, train state (step, RNG) and data position from a live peer over the managed
    process group (torchft's PGTransport, straight into its own tensors) instead of reading
-   storage;
+   storage, and then attempts the step after its peer's;
 2. ``sum_over_groups``: the step's labelled tokens summed over the participating groups, the
    loss normaliser, so that the groups' gradients *add up* to the gradient of their joint
    global batch (as HSDP's do);
