@@ -177,6 +177,31 @@ def final_line(failure: Failure | None) -> tuple[str, int]:
     return f"{failure.line} (rank {failure.rank}, exit code {code}{hint})", code
 
 
+TORCHRUN = "torch.distributed.run"
+"""torch's own torchrun, for launches that need none of this module's additions (a benchmark's
+or a measurement's workers, the tests' workers)."""
+
+
+def torchrun_argv(nproc: int, *args: str, max_restarts: int | None = None,
+                  launcher: str = TORCHRUN) -> list[str]:
+    """The command line of a launch of ``nproc`` processes on this machine (``--standalone``
+    rendezvous) from this interpreter: ``launcher`` (torch's torchrun, or this module,
+    ``torchtitan_like.launch``, for a job that ends like one), ``--max-restarts`` when given,
+    then ``args``: further launcher flags, then a script and its arguments or ``-m module
+    ...``. Every tool, script and test launches through it (run_train.sh, which also spans
+    nodes, spells the same in bash)."""
+    restarts = [] if max_restarts is None else [f"--max-restarts={max_restarts}"]
+    return [sys.executable, "-m", launcher, "--standalone", f"--nproc_per_node={nproc}",
+            *restarts, *args]
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a launch whose workers run one thread each, quietly
+    (warnings off, torchao's CUDA extensions not loaded), plus ``extra``."""
+    return {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1",
+            "OMP_NUM_THREADS": "1", **extra}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run torchrun's command line; return the job's exit code (exit_codes.py)."""
     args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)

@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from torchtitan_like.components.run_folder import DumpFolderInUse, check_before_start
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.launcher_env import read_launcher_env
+from torchtitan_like.entry import trainer_class
 from torchtitan_like.exit_codes import ExitCode
 from torchtitan_like.failure_report import report_failure
 from torchtitan_like.logging import init_logger, logger
-from torchtitan_like.train import trainer_class
 from torchtitan_like.validate import parse_args
 
 

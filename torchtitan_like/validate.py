@@ -20,7 +20,7 @@ from torchtitan_like.components import (
     versions,
 )
 from torchtitan_like.components.checkpoint import validate_checkpoint
-from torchtitan_like.components.converters import resolve_converters
+from torchtitan_like.components.converters import check_converters
 from torchtitan_like.components.data.checks import check_data
 from torchtitan_like.components.data.tokenized import validate_data_options
 from torchtitan_like.components.data.tokenizer import build_tokenizer
@@ -29,6 +29,7 @@ from torchtitan_like.components.hf_export import validate_hf_export
 from torchtitan_like.components.output_paths import check_output_paths
 from torchtitan_like.components.trackers import validate_trackers
 from torchtitan_like.config.custom_sections import validate_custom_sections
+from torchtitan_like.config.derived import float8_enabled
 from torchtitan_like.config.errors import ConfigError, require
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.config.manager import (
@@ -78,10 +79,10 @@ def validate(config: JobConfig, world_size: int) -> None:
     ac = config.activation_checkpoint
     if ac.mode == "selective" and ac.selective_ac_option != "op":
         every_nth_layer(ac.selective_ac_option)
-    resolve_converters(config)
+    check_converters(config)
     validate_custom_sections(config)
     versions.check_versions(config, device_type())
-    float8.validate(config.float8, device_type())
+    float8.validate(config.float8, float8_enabled(config), device_type())
     optimizer.validate(config.optimizer, config.training.dtype, device_type())
     profiling.validate(config.profiling, device_type())
     fault_tolerance.validate(config, device_type())

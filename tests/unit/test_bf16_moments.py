@@ -23,6 +23,7 @@ from torchtitan_like.components.bf16_moments import (
     round_to_bf16,
 )
 from torchtitan_like.components.optimizer import build_optimizer
+from torchtitan_like.config.derived import optimizer_state_dtype
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import Optimizer
 from torchtitan_like.validate import parse_args
@@ -219,7 +220,8 @@ def test_torchtitans_name_turns_on_bf16_moments():
     from torchtitan_like.components.optimizer import validate
 
     validate(config, "float32", "cuda")
-    assert config.state_dtype == "bfloat16"
+    assert optimizer_state_dtype(config) == "bfloat16"
+    assert config.state_dtype == "float32"  # derived, not written into the config
 
 
 def test_each_torch_and_device_takes_its_fused_path():

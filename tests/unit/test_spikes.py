@@ -19,7 +19,7 @@ import json
 import re
 
 import pytest
-from harness import ROOT, build_trainer, read_metrics
+from harness import ROOT, OmittedStep, build_trainer, read_metrics
 
 from torchtitan_like.components.spikes import SpikeDetector, TrainingDiverged
 from torchtitan_like.config.errors import ConfigError
@@ -27,21 +27,6 @@ from torchtitan_like.config.job_config import Spike
 from torchtitan_like.config.manager import build_job_config
 
 SPIKE = ["--training.steps=8", "--spike.window=4", "--debug.spike_step=6"]
-
-
-class OmittedStep:
-    """A trainer's data with the microbatches of one step left out (delegates the rest)."""
-
-    def __init__(self, loader, step: int, per_step: int):
-        self.loader, self.first, self.count = loader, (step - 1) * per_step, per_step
-
-    def __iter__(self):
-        for index, batch in enumerate(self.loader):
-            if not self.first <= index < self.first + self.count:
-                yield batch
-
-    def __getattr__(self, name):
-        return getattr(self.loader, name)
 
 
 def train(overrides, folder, corpus, device, omit_step=0):

@@ -67,6 +67,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Partial, Shard
 
+from torchtitan_like.config.derived import float8_enabled
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.logging import logger
 from torchtitan_like.models.moe.experts import GroupedExperts
@@ -310,7 +311,7 @@ def tokens_per_gemm(config: JobConfig, parallel_dims: ParallelDims) -> int:
 def validate(config: JobConfig, parallel_dims: ParallelDims, device_type: str) -> None:
     """ConfigError for what the blockwise recipe cannot run (after ``float8.validate``)."""
     f8 = config.float8
-    if not f8.enable or f8.recipe_name != "blockwise":
+    if not float8_enabled(config) or f8.recipe_name != "blockwise":
         return
     tokens = tokens_per_gemm(config, parallel_dims)
     if tokens % BLOCK:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from torchtitan_like.components import bf16_moments
 from torchtitan_like.components.versions import torch_version
+from torchtitan_like.config.derived import float8_enabled, optimizer_state_dtype
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.distributed.compile import kernel_cache_dirs
 from torchtitan_like.logging import logger
@@ -37,7 +38,8 @@ def first_step_work(config: JobConfig, device_type: str, ep: int = 1) -> list[st
         parts = " and ".join(config.compile.components)
         work.append(f"torch.compile of the {parts}: inductor compiles on step 1 (tens of "
                     f"seconds to a few minutes, by model and machine); {cached}")
-    if f8.enable and f8.recipe_name == "blockwise" and device_type == "cuda" and not f8.emulate:
+    if (float8_enabled(config) and f8.recipe_name == "blockwise" and device_type == "cuda"
+            and not f8.emulate):
         work.append("blockwise FP8: torchao's Triton kernels autotune up to 45 configurations "
                     "per kernel and shape on step 1 (132 s for the debug model on an H200, "
                     f"first time); {cached}")
@@ -48,7 +50,8 @@ def first_step_work(config: JobConfig, device_type: str, ep: int = 1) -> list[st
                     f"kernels autotune 24-36 configurations per kernel and shape on step 1{again}"
                     f" (minutes the first time); {cached}")
     o = config.optimizer
-    if (o.state_dtype == "bfloat16" and o.implementation in ("fused", "fused_opt_states_bf16")
+    if (optimizer_state_dtype(o) == "bfloat16"
+            and o.implementation in ("fused", "fused_opt_states_bf16")
             and bf16_moments.fused_path(device_type, torch_version()) == "compiled"):
         work.append("the fused bf16-moment AdamW step compiles at the first optimizer step "
                     f"(one graph, seconds); {cached}")

@@ -77,9 +77,10 @@ def rowwise_unsupported_reason(capability: tuple[int, int]) -> str | None:
             f"capability {have}, not {capability[0]}.{capability[1]}")
 
 
-def validate(config: Float8Config, device_type: str) -> None:
-    """Refuse flag combinations torchao cannot run, and GPUs without float8 matmuls."""
-    if not config.enable:
+def validate(config: Float8Config, enabled: bool, device_type: str) -> None:
+    """Refuse flag combinations torchao cannot run, and GPUs without float8 matmuls, when float8
+    is ``enabled`` (config/derived.py, ``float8_enabled``)."""
+    if not enabled:
         return
     if config.enable_fsdp_float8_all_gather and config.recipe_name != "tensorwise":
         raise ConfigError(
@@ -96,8 +97,8 @@ def validate(config: Float8Config, device_type: str) -> None:
 
 
 def check_cuda_capability(config: Float8Config, gpu: str, capability: tuple[int, int]) -> None:
-    """ConfigError when real float8 matmuls are asked of a GPU older than SM 8.9."""
-    if config.enable and not config.emulate and tuple(capability) < MIN_CUDA_CAPABILITY:
+    """ConfigError when real float8 matmuls (float8 on) are asked of a GPU older than SM 8.9."""
+    if not config.emulate and tuple(capability) < MIN_CUDA_CAPABILITY:
         need = ".".join(map(str, MIN_CUDA_CAPABILITY))
         raise ConfigError(
             f"[float8] enable: float8 matmuls need CUDA compute capability >= {need} (Ada, "
@@ -105,7 +106,7 @@ def check_cuda_capability(config: Float8Config, gpu: str, capability: tuple[int,
             "Set [float8] emulate = true to check float8 numerics here (no speed-up), or "
             "[float8] enable = false"
         )
-    if config.enable and not config.emulate and config.recipe_name.startswith("rowwise") and (
+    if not config.emulate and config.recipe_name.startswith("rowwise") and (
             reason := rowwise_unsupported_reason(capability)):
         raise ConfigError(f'[float8] recipe_name = "{config.recipe_name}": {reason} ({gpu}); '
                           'use recipe_name = "tensorwise" or emulate = true')

@@ -32,8 +32,13 @@ from typing import Any
 import torch
 
 from torchtitan_like.components.progress import Progress
-from torchtitan_like.components.trackers import TensorBoardTracker, Tracker
+from torchtitan_like.components.trackers import TensorBoardTracker, Tracker, build_trackers
+from torchtitan_like.config.dtypes import DTYPES
+from torchtitan_like.config.job_config import JobConfig
+from torchtitan_like.config.manager import to_toml
+from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.logging import logger
+from torchtitan_like.protocols.model_args import BaseModelArgs
 
 # Dense bf16 TFLOP/s (no sparsity) per device, by a substring of torch.cuda.get_device_name().
 GPU_PEAK_TFLOPS = {
@@ -312,3 +317,25 @@ class MetricsLogger:
         for tracker in self.trackers:
             tracker.close()
         self.trackers = []
+
+
+def build_metrics(config: JobConfig, parallel_dims: ParallelDims, model_args: BaseModelArgs,
+                  device: torch.device, rank: int, step: int) -> MetricsLogger:
+    """The job's metrics logger: rank 0 writes (and feeds the trackers); a run resumed at
+    ``step`` continues its metrics.jsonl."""
+    m, training = config.metrics, config.training
+    return MetricsLogger(
+        dump_folder=config.job.dump_folder,
+        writer=rank == 0,
+        enable_tensorboard=m.enable_tensorboard,
+        tb_folder=m.save_tb_folder,
+        device=device,
+        flops_per_token=model_args.flops_per_token(training.seq_len),
+        peak=peak_tflops(device, m.peak_tflops, DTYPES[training.mixed_precision_param]),
+        replica_devices=parallel_dims.non_data_parallel_size,
+        world_size=parallel_dims.world_size,
+        resume_step=step,
+        total_steps=training.steps,
+        trackers=build_trackers(config, step) if rank == 0 else [],
+        config_toml=to_toml(config),
+    )

@@ -17,7 +17,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.distributed.fsdp import FSDPModule
 
-from torchtitan_like.components.converters import float8_on
+from torchtitan_like.config.derived import float8_enabled
 from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.config.switches import Built, without_effect
@@ -105,7 +105,7 @@ def settings_without_effect(config: JobConfig, dims: ParallelDims) -> str | None
     """The one warning line after the summary: every setting whose parent switch is off
     (config/switches.py), and a ``[model] overrides.max_seq_len`` above ``[training] seq_len``
     (models/registry.py); None when there is none."""
-    built = Built(world_size=dims.world_size, fsdp=dims.fsdp_enabled, float8=float8_on(config))
+    built = Built(world_size=dims.world_size, fsdp=dims.fsdp_enabled, float8=float8_enabled(config))
     items = [f"[{section}] {name} = {json.dumps(value)} ({parent} is off)"
              for section, name, value, parent in without_effect(config, built)]
     rows, seq_len = overridden_max_seq_len(config), config.training.seq_len

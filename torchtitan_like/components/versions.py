@@ -26,6 +26,7 @@ from importlib import metadata
 
 import torch
 
+from torchtitan_like.config.derived import float8_enabled
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
 
@@ -77,7 +78,7 @@ def _uses_torchao_moe(c: JobConfig, _device: str) -> bool:
 
 
 def _gpu_blockwise(c: JobConfig, device: str) -> bool:
-    return (c.float8.enable and c.float8.recipe_name == "blockwise" and device == "cuda"
+    return (float8_enabled(c) and c.float8.recipe_name == "blockwise" and device == "cuda"
             and not c.float8.emulate)
 
 

@@ -25,6 +25,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from torchtitan_like.config.derived import optimizer_state_dtype
 from torchtitan_like.config.job_config import JobConfig
 
 
@@ -80,8 +81,7 @@ def _dataset(*readers: str) -> Parent:
 PARENTS: dict[tuple[str, str], Parent] = {
     ("optimizer", "state_stochastic_rounding"): Parent(
         '[optimizer] state_dtype = "bfloat16"',
-        lambda c, b: c.optimizer.state_dtype == "bfloat16"
-        or c.optimizer.implementation == "fused_opt_states_bf16"),
+        lambda c, b: optimizer_state_dtype(c.optimizer) == "bfloat16"),
     **dict.fromkeys([("lr_scheduler", "decay_type"), ("lr_scheduler", "min_lr_factor")], Parent(
         "[lr_scheduler] decay_ratio != 0 (a decay phase)",
         lambda c, b: c.lr_scheduler.decay_ratio != 0)),
