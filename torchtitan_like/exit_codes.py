@@ -26,9 +26,15 @@ class ExitCode(enum.IntEnum):
     """``data error:`` a dataset record that cannot be read (file and line named)."""
     FOLDER_IN_USE = 6
     """``dump folder in use:`` another running job holds the dump folder's lock."""
+    INTERRUPTED = 130
+    """Ctrl-C (SIGINT, 128 + 2, the shell's convention): stopped; the same command resumes."""
 
 
 FINAL = frozenset({ExitCode.CONFIG, ExitCode.DIVERGED, ExitCode.CHECKPOINT, ExitCode.DATA,
                    ExitCode.FOLDER_IN_USE})
 """Failures that a restart would meet again (the same config, data or checkpoint): never
 restarted. Unexpected failures, signals and timeouts (a lost peer) are."""
+
+INTERRUPTED_LINE = ("stopped by SIGINT (Ctrl-C); the same command resumes from the latest "
+                    "complete checkpoint ([checkpoint] enable)")
+"""What a job stopped by Ctrl-C says: the launcher's line, or the trainer's without one."""

@@ -1,7 +1,7 @@
 """One dump folder, one run's story: TensorBoard's view equals metrics.jsonl after a run, a
 resume from an earlier checkpoint, a refused fresh re-run and an overwriting re-run.
 
-The jobs run in this process (``train.run``, the trainer's job function without the process
+The jobs run in this process (``entry.run``, the trainer's job function without the process
 exit) in a gloo group of one. The resume (``load_step = 2`` of a 4-step run, 6 steps now)
 drops the records and events of steps 3-4 and continues; a fresh run (checkpoints off) into
 the folder is refused with one line and changes nothing; with ``[job] overwrite`` the earlier
@@ -19,8 +19,8 @@ import torch
 from harness import job_args, read_metrics
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from torchtitan_like.entry import run
 from torchtitan_like.exit_codes import ExitCode
-from torchtitan_like.train import run
 
 TB = ["--metrics.enable_tensorboard=true", "--validation.enable=false"]
 CKPT = ["--checkpoint.enable=true", "--checkpoint.interval=2"]

@@ -311,6 +311,33 @@ def test_cli_json_and_search(capsys):
     assert 1 <= len(ranked) <= 3 and all(p["fits"] for p in ranked)
 
 
+def test_cli_plans_a_config_on_the_gpus_it_implies(capsys, monkeypatch):
+    """--config: the GPUs its degrees multiply to, else NPROC (or NGPU) x NNODES as
+    run_train.sh would launch it, else one node; --num_gpus says otherwise (FSDP then takes
+    the rest of it, as data_parallel_shard_degree = -1)."""
+    for name in ("NPROC", "NGPU", "NNODES"):
+        monkeypatch.delenv(name, raising=False)
+
+    def planned(*argv: str) -> tuple[int, dict]:
+        code = plan_cli.main([*argv, "--json"])
+        return code, json.loads(capsys.readouterr().out)["layout"]
+
+    code, layout = planned("--config", "train_configs/llama3_70b.toml")
+    assert code == 0 and (layout["tp"], layout["dp_shard"]) == (8, 8)  # fits: 64 GPUs
+    assert planned("--config", "train_configs/llama3_70b.toml", "--num_gpus", "128")[1][
+        "dp_shard"] == 16
+    assert planned("--config", "train_configs/debug_model.toml")[1]["dp_shard"] == 8
+    monkeypatch.setenv("NGPU", "2")
+    monkeypatch.setenv("NNODES", "2")
+    assert planned("--config", "train_configs/debug_model.toml")[1]["dp_shard"] == 4
+    assert plan_cli.main(["--config", "train_configs/debug_model.toml"]) == 0
+    assert "Cluster: 4 x H100 SXM 80GB (1 node(s) of 4: NPROC x NNODES;" in \
+        capsys.readouterr().out
+    monkeypatch.setenv("NNODES", "0")
+    assert plan_cli.main(["--config", "train_configs/debug_model.toml"]) == 2
+    assert "NNODES=0: the number of nodes must be" in capsys.readouterr().err
+
+
 def test_cli_errors(capsys):
     assert plan_cli.main(["--num_gpus", "8"]) == 2
     assert "--flavor" in capsys.readouterr().err

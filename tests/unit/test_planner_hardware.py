@@ -106,7 +106,7 @@ def test_ttl_plan_and_ttl_ablate_plan_with_the_profile(tmp_path, capsys):
     assert plan_cli.main(["--config", "train_configs/debug_model.toml", "--hardware", str(path),
                           "--history", str(tmp_path / "none.jsonl")]) == 0
     out = capsys.readouterr().out
-    assert "x measured CPU (1 node(s) of 2;" in out and "profile " + str(path) in out
+    assert "x measured CPU (1 node(s) of 2: one node" in out and "profile " + str(path) in out
     sweep = dataclasses.replace(load_sweep(ROOT / "train_configs/ablations/one_dim_at_a_time.toml"),
                                 hardware=path)
     memory, speed = sweep.planned(sweep.variants[0])

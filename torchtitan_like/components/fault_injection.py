@@ -49,11 +49,6 @@ def validate_faults(config: JobConfig, world_size: int) -> None:
     if not -1 <= d.slow_rank < world_size:
         raise ConfigError(f"[debug] slow_rank = {d.slow_rank}: must be -1 (off) or a rank in "
                           f"0..{world_size - 1} of this {world_size}-process job")
-    default = type(d)()
-    for name, fault, on in (("spike_scale", "spike_step", d.spike_step > 0),
-                            ("slow_rank_seconds", "slow_rank", d.slow_rank >= 0)):
-        if getattr(d, name) != getattr(default, name) and not on:
-            raise ConfigError(f"[debug] {name} = {getattr(d, name):g} needs [debug] {fault}")
     if d.fault_rank == -1:
         return
     if not 0 <= d.fault_rank < world_size:

@@ -105,19 +105,22 @@ def export_checkpoint(spec: ModelSpec, checkpoint: Path, folder: Path, tokenizer
 
 
 def validate_hf_export(config: JobConfig) -> None:
-    """``[checkpoint] last_save_in_hf`` needs a last save to convert and an HF adapter."""
-    c = config.checkpoint
-    if not c.last_save_in_hf:
+    """``[checkpoint] last_save_in_hf`` needs an HF adapter and the tokenizers package (without
+    ``[checkpoint] enable`` there is no last save: a setting without effect)."""
+    if not exports_last_save(config):
         return
-    if not c.enable:
-        raise ConfigError("[checkpoint] last_save_in_hf needs [checkpoint] enable = true (the "
-                          "HuggingFace folder is converted from the last save)")
     if get_model_spec(config.model.name).hf_adapter is None:
         raise ConfigError(f"[checkpoint] last_save_in_hf: model {config.model.name!r} has no "
                           "HuggingFace adapter (ModelSpec.hf_adapter)")
     if importlib.util.find_spec("tokenizers") is None:
         raise ConfigError("[checkpoint] last_save_in_hf writes tokenizer files with the "
                           "`tokenizers` package: pip install -e '.[hf]'")
+
+
+def exports_last_save(config: JobConfig) -> bool:
+    """The job writes its last save as a HuggingFace folder too: last_save_in_hf, with a last
+    save to convert (``[checkpoint] enable``)."""
+    return config.checkpoint.enable and config.checkpoint.last_save_in_hf
 
 
 def export_last_save(config: JobConfig, checkpoint_folder: Path, step: int) -> Path:

@@ -171,24 +171,14 @@ EXTRAS = {"enable_wandb": ("wandb", "wandb"), "enable_mlflow": ("mlflow", "mlflo
 """Switch -> (module it needs, the extra that installs it)."""
 
 
-BOTH = ("enable_wandb", "enable_mlflow")
-NEEDS = {"project": BOTH, "run_name": BOTH, "wandb_entity": ("enable_wandb",),
-         "mlflow_tracking_uri": ("enable_mlflow",)}
-"""Field -> the switches of the trackers that read it."""
-
-
 def validate_trackers(config: JobConfig) -> None:
-    """One line for a tracker whose package is not installed, or a tracker field set while
-    no tracker that reads it is on."""
+    """One line for a tracker whose package is not installed (a tracker field set while no
+    tracker that reads it is on is a setting without effect: config/switches.py)."""
     m = config.metrics
     for switch, (module, extra) in EXTRAS.items():
         if getattr(m, switch) and importlib.util.find_spec(module) is None:
             raise ConfigError(f"[metrics] {switch} needs the {module} package: pip install "
                               f"'torchtitan_like[{extra}]', or set {switch} = false")
-    for name, switches in NEEDS.items():
-        if getattr(m, name) and not any(getattr(m, switch) for switch in switches):
-            raise ConfigError(f"[metrics] {name} = {getattr(m, name)!r} is read by "
-                              f"{' or '.join(switches)} only; switch one on or remove it")
 
 
 def build_trackers(config: JobConfig, resume_step: int) -> list[Tracker]:

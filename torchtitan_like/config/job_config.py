@@ -238,7 +238,7 @@ class Compile:
     """What to compile: model (each transformer block) and/or loss."""
 
     cache_dir: str = ""
-    """Persistent inductor cache folder (sets TORCHINDUCTOR_CACHE_DIR); empty = torch's default."""
+    """Kernel cache folder to keep: inductor's, Triton's in <dir>/triton; empty = their defaults."""
 
     @property
     def compiles_blocks(self) -> bool:

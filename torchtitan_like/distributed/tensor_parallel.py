@@ -62,11 +62,11 @@ from torchtitan_like.logging import logger
 
 def validate(config: JobConfig, parallel_dims: ParallelDims) -> None:
     """Layout checks that do not depend on the model (the model checks its heads/vocab)."""
-    tp, p = parallel_dims.tp, config.parallelism
+    tp = parallel_dims.tp
     seq_len = config.training.seq_len
     check_sequence_parallel(tp, seq_len)
-    if p.enable_async_tensor_parallel:
-        _validate_async_tp(config, tp)
+    if tp > 1 and async_tp_on(config):  # else a setting without effect (config/switches.py)
+        _validate_async_tp()
     local_world = _devices_per_node()
     if local_world is not None and tp > local_world:
         logger.warning(
@@ -89,21 +89,18 @@ def record_loss_parallel(config: JobConfig, parallel_dims: ParallelDims, model_n
                     "(ModelSpec.loss_parallel = False)")
 
 
-def _validate_async_tp(config: JobConfig, tp: int) -> None:
-    if tp == 1:
-        raise ConfigError(
-            "[parallelism] enable_async_tensor_parallel needs tensor_parallel_degree > 1"
-        )
+def async_tp_on(config: JobConfig) -> bool:
+    """Async TP is asked for and can act under TP: inductor's micro-pipeline pass runs on
+    compiled blocks only."""
+    return config.parallelism.enable_async_tensor_parallel and config.compile.compiles_blocks
+
+
+def _validate_async_tp() -> None:
     if not torch.cuda.is_available():
         raise ConfigError(
             "[parallelism] enable_async_tensor_parallel needs CUDA GPUs: it overlaps TP's "
             "collectives with matmuls through symmetric memory, which exists only on CUDA, and "
             "on CPU inductor's micro-pipeline pass silently does nothing; set it to false"
-        )
-    if not config.compile.compiles_blocks:
-        raise ConfigError(
-            "[parallelism] enable_async_tensor_parallel is an inductor pass: it needs "
-            '[compile] enable = true with "model" in [compile] components'
         )
 
 
@@ -114,9 +111,10 @@ def _devices_per_node() -> int | None:
     return torch.cuda.device_count() if torch.cuda.is_available() else None
 
 
-def maybe_enable_async_tp(enabled: bool, tp_mesh: DeviceMesh) -> None:
-    """Turn on inductor's micro-pipeline TP for the TP group (validated: CUDA + compile)."""
-    if not enabled:
+def maybe_enable_async_tp(config: JobConfig, tp_mesh: DeviceMesh) -> None:
+    """Turn on inductor's micro-pipeline TP for the TP group when ``async_tp_on`` (validated:
+    CUDA)."""
+    if not async_tp_on(config):
         return
     import torch._inductor.config
     from torch.distributed._symmetric_memory import (

@@ -49,10 +49,11 @@ import torch
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.manager import build_job_config, tomllib
+from torchtitan_like.entry import trainer_class
+from torchtitan_like.launch import torchrun_argv
 from torchtitan_like.tools.ablate_report import Result, read_metrics, write_results
 from torchtitan_like.tools.planner import CPU, Cluster, LayoutError, from_job_config, plan
 from torchtitan_like.tools.planner.hardware import load_profile
-from torchtitan_like.train import trainer_class
 from torchtitan_like.validate import parse_args
 
 LAUNCH_ENV = {"TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1"}
@@ -99,10 +100,9 @@ class Sweep:
         variant's overrides win over the sweep's. Every rank's output reaches the log
         (prefixed with its rank). A re-run of the sweep archives a variant's earlier outputs
         (``[job] overwrite``, components/run_folder.py)."""
-        return [sys.executable, "-m", "torchtitan_like.launch", "--standalone",
-                f"--nproc_per_node={self.nproc_of(variant)}", "--max-restarts=0",
-                "--role=rank", "--tee=3", "-m", "torchtitan_like.train",
-                *self.trainer_args(variant, folder)]
+        return torchrun_argv(self.nproc_of(variant), "--role=rank", "--tee=3",
+                             "-m", "torchtitan_like.train", *self.trainer_args(variant, folder),
+                             max_restarts=0, launcher="torchtitan_like.launch")
 
     def trainer_args(self, variant: Variant, folder: Path) -> list[str]:
         """The trainer's own arguments for one variant (the config and its overrides)."""

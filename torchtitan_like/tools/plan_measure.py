@@ -62,8 +62,6 @@ def check_flags(args: argparse.Namespace, pins: dict[str, Any]) -> None:
     if under := under_torchrun():
         args.num_gpus = int(os.environ["WORLD_SIZE"])
         args.gpus_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", args.num_gpus))
-    if (args.calibrate or args.verify) and not (args.num_gpus or args.nodes):
-        args.num_gpus = 1
     if args.verify and (under or args.search):
         raise LayoutError("--verify launches its own processes: not with --search or under "
                           "torchrun")
@@ -75,16 +73,22 @@ def check_flags(args: argparse.Namespace, pins: dict[str, Any]) -> None:
         raise LayoutError("--verify runs the --config job as the trainer will: give its "
                           "changes as trainer overrides after -- (e.g. -- --training.seq_len "
                           f"1024){', not ' + ' '.join(changed) if changed else ''}")
-    if args.num_gpus is None or args.num_gpus > (args.gpus_per_node or args.num_gpus):
-        raise LayoutError("--verify runs on one node: --num_gpus at most --gpus_per_node")
+
+
+def _one_node(cluster: Cluster, flag: str) -> int:
+    """The processes ttl-plan launches on this node for ``flag``."""
+    if cluster.num_nodes > 1:
+        raise LayoutError(f"{flag} launches on this node: --num_gpus at most --gpus_per_node "
+                          "(on several nodes, run ttl-plan --calibrate under torchrun on each)")
+    return cluster.num_gpus
 
 
 def calibrate(args: argparse.Namespace, argv: list[str], model: ModelShape, work: Workload,
-              layout: Layout) -> int:
-    """Measure here under torchrun; else launch ttl-plan itself on ``--num_gpus`` processes
-    of this node (its argv unchanged) and return the launch's exit code."""
+              layout: Layout, cluster: Cluster) -> int:
+    """Measure here under torchrun; else launch ttl-plan itself on the plan's processes of
+    this node (its argv unchanged) and return the launch's exit code."""
     if not under_torchrun():
-        nproc = args.num_gpus or 1
+        nproc = _one_node(cluster, "--calibrate")
         command = launch_command(nproc, "torchtitan_like.tools.plan_cli", argv)
         return subprocess.run(command, env={**LAUNCH_ENV, **os.environ}).returncode
     from torchtitan_like.tools.calibrate import run
@@ -116,8 +120,12 @@ def verify(args: argparse.Namespace, argv: list[str],
     trainer_args = ["--job.config_file", args.config, *args.overrides]
     job = {"config": args.config, "overrides": args.overrides,
            "command": "ttl-plan " + shlex.join(argv)}
+    given = args.hardware, args.gpus_per_node  # (the profile --calibrate writes: not yet)
+    args.hardware = None if args.calibrate else args.hardware
+    nproc = _one_node(planned()[1], "--verify")
+    args.hardware, args.gpus_per_node = given
     try:
-        runs = measure(trainer_args, args.num_gpus, args.verify_steps, args.verify_warmup,
+        runs = measure(trainer_args, nproc, args.verify_steps, args.verify_warmup,
                        calibrate={"out": args.calibrate, "job": job} if args.calibrate else None)
     except RuntimeError as e:
         print(f"verify error: {e}", file=sys.stderr)

@@ -35,13 +35,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from torchtitan_like.launch import torchrun_argv
+
 LAUNCH_ENV = {"TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1", "PYTHONWARNINGS": "ignore"}
 
 
 def launch_command(nproc: int, module: str, args: list[str]) -> list[str]:
-    """The launch of ``module`` on one node, as run_train.sh launches the trainer."""
-    return [sys.executable, "-m", "torchtitan_like.launch", "--standalone",
-            f"--nproc_per_node={nproc}", "--max-restarts=0", "-m", module, *args]
+    """The launch of ``module`` on one node through the project's launcher, as run_train.sh
+    launches the trainer (its threads too: torchrun's default, one per process when
+    several)."""
+    return torchrun_argv(nproc, "-m", module, *args, max_restarts=0,
+                         launcher="torchtitan_like.launch")
 
 
 def measure(overrides: list[str], nproc: int, steps: int, warmup: int,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from torchtitan_like.config.derived import float8_enabled
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed.layout_rules import (
     check_moe_tensor_parallel,
@@ -106,7 +107,7 @@ class DeepSeekV3Args(BaseModelArgs):
         # MLA splits by heads (queries, keys and values alike), as llama's attention
         check_tensor_parallel_shapes(parallel_dims.tp, self.n_heads, self.n_heads,
                                      self.vocab_size, flavor)
-        check_moe_tensor_parallel(parallel_dims.tp, float8=job_config.float8.enable,
+        check_moe_tensor_parallel(parallel_dims.tp, float8=float8_enabled(job_config),
                                   where=flavor)
 
     def _attention_params(self) -> int:

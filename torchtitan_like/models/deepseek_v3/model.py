@@ -25,6 +25,7 @@ from torchtitan_like.models.deepseek_v3.args import DeepSeekV3Args, YarnScaling
 from torchtitan_like.models.deepseek_v3.mtp import MTPLoss
 from torchtitan_like.models.llama3.model import FeedForward
 from torchtitan_like.models.moe import MoE
+from torchtitan_like.models.norm import RMSNorm
 
 
 def yarn_mscale(factor: float, mscale: float) -> float:
@@ -78,12 +79,12 @@ class MultiHeadLatentAttention(nn.Module):
         a, heads = args, args.n_heads
         if a.q_lora_rank:
             self.wq_a = nn.Linear(a.dim, a.q_lora_rank, bias=False)
-            self.q_norm = nn.RMSNorm(a.q_lora_rank, eps=a.norm_eps)
+            self.q_norm = RMSNorm(a.q_lora_rank, eps=a.norm_eps)
             self.wq_b = nn.Linear(a.q_lora_rank, heads * a.qk_head_dim, bias=False)
         else:
             self.wq = nn.Linear(a.dim, heads * a.qk_head_dim, bias=False)
         self.wkv_a = nn.Linear(a.dim, a.kv_lora_rank + a.qk_rope_head_dim, bias=False)
-        self.kv_norm = nn.RMSNorm(a.kv_lora_rank, eps=a.norm_eps)
+        self.kv_norm = RMSNorm(a.kv_lora_rank, eps=a.norm_eps)
         self.wkv_b = nn.Linear(a.kv_lora_rank, heads * (a.qk_nope_head_dim + a.v_head_dim),
                                bias=False)
         self.wo = nn.Linear(heads * a.v_head_dim, a.dim, bias=False)
@@ -127,9 +128,9 @@ class DeepSeekV3Block(nn.Module):
 
     def __init__(self, layer_id: int, args: DeepSeekV3Args):
         super().__init__()
-        self.attention_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.attention = MultiHeadLatentAttention(args)
-        self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.moe_enabled = layer_id >= args.n_dense_layers
         if self.moe_enabled:
             self.moe = MoE(args.dim, args.moe_inter_dim, args.moe, layer_id,
@@ -160,7 +161,7 @@ class DeepSeekV3Model(nn.Module):
         self.layers = nn.ModuleDict(
             {str(i): DeepSeekV3Block(i, args) for i in range(args.n_layers)}
         )
-        self.norm: nn.RMSNorm | None = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.norm: RMSNorm | None = RMSNorm(args.dim, eps=args.norm_eps)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
         # multi-token prediction (mtp.py), sharing the embedding module: None without it
         self.mtp: MTPLoss | None = (MTPLoss(args, DeepSeekV3Block, self.tok_embeddings)

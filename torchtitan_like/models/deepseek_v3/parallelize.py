@@ -89,7 +89,7 @@ def parallelize_deepseek_v3(
         for depth in mtp.values():
             parallelize_module(depth, meshes.tp, mtp_tp_plan(depth, meshes.tp.device_type,
                                                              block_plan))
-        maybe_enable_async_tp(config.parallelism.enable_async_tensor_parallel, meshes.tp)
+        maybe_enable_async_tp(config, meshes.tp)
     apply_ac(mtp, config.activation_checkpoint)  # the MTP depths, each as one block
     blocks = [*model.layers.values(), *(depth.block for depth in mtp.values())]
     apply_block_tail(model, model.layers, parallel_dims, meshes, config,

@@ -18,6 +18,7 @@ from torch import nn
 
 from torchtitan_like.models.attention_masks import AttentionMask, attention, build_mask
 from torchtitan_like.models.llama3.args import Llama3Args, RopeScaling
+from torchtitan_like.models.norm import RMSNorm
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
@@ -107,9 +108,9 @@ class FeedForward(nn.Module):
 class TransformerBlock(nn.Module):
     def __init__(self, layer_id: int, args: Llama3Args):
         super().__init__()
-        self.attention_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.attention = Attention(args)
-        self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
         depth = layer_id + 1 if args.depth_init else args.n_layers
         self.init_std = 0.02 / (2 * depth) ** 0.5
@@ -138,7 +139,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict(
             {str(i): self.block_cls(i, args) for i in range(args.n_layers)}
         )
-        self.norm: nn.RMSNorm | None = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.norm: RMSNorm | None = RMSNorm(args.dim, eps=args.norm_eps)
         # A tied head multiplies by the embedding table itself (no second Parameter object that
         # would have to stay shared through to_empty, FSDP and checkpoint loading).
         self.output: nn.Linear | None = (

@@ -45,7 +45,7 @@ def parallelize_llama(
     if parallel_dims.tp_enabled:
         apply_tp(model, meshes.tp, loss_parallel=parallel_dims.loss_parallel_enabled,
                  block_plan=block_plan or block_tp_plan)
-        maybe_enable_async_tp(config.parallelism.enable_async_tensor_parallel, meshes.tp)
+        maybe_enable_async_tp(config, meshes.tp)
     # Context parallel changes no module: the trainer's train_context shards each microbatch
     # and the RoPE table (context_parallel_buffers) and swaps SDPA for ring attention.
     # A tied embedding and head share one weight, so they must share one FSDP unit: the root.

@@ -16,14 +16,15 @@ from torch import nn
 from torchtitan_like.models.attention_masks import AttentionMask
 from torchtitan_like.models.llama3.model import Attention, FeedForward, Transformer, apply_rope
 from torchtitan_like.models.moe import MoE
+from torchtitan_like.models.norm import RMSNorm
 from torchtitan_like.models.qwen3.args import Qwen3Args
 
 
 class Qwen3Attention(Attention):
     def __init__(self, args: Qwen3Args):
         super().__init__(args)
-        self.q_norm = nn.RMSNorm(args.head_dim, eps=args.norm_eps)
-        self.k_norm = nn.RMSNorm(args.head_dim, eps=args.norm_eps)
+        self.q_norm = RMSNorm(args.head_dim, eps=args.norm_eps)
+        self.k_norm = RMSNorm(args.head_dim, eps=args.norm_eps)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, rope: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,9 +41,9 @@ class Qwen3Block(nn.Module):
 
     def __init__(self, layer_id: int, args: Qwen3Args):
         super().__init__()
-        self.attention_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.attention = Qwen3Attention(args)
-        self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.moe_enabled = args.moe is not None
         if self.moe_enabled:
             self.moe = MoE(args.dim, args.moe_hidden_dim, args.moe, layer_id, args.n_layers)
