@@ -42,6 +42,7 @@ from torchtitan_like.tools.planner.inputs import (
     GiB,
     Layout,
     LayoutError,
+    ModelShape,
     Precision,
     Workload,
     check_ac,
@@ -49,7 +50,6 @@ from torchtitan_like.tools.planner.inputs import (
 from torchtitan_like.tools.planner.layout_plan import Plan, plan, plan_fitting
 from torchtitan_like.tools.planner.links import Comm, ring_volume
 from torchtitan_like.tools.planner.memory import Memory, stage_memory
-from torchtitan_like.tools.planner.model_shape import ModelShape
 from torchtitan_like.tools.planner.rules import validate_layout
 from torchtitan_like.tools.planner.schedule import (
     bubble_formula,

@@ -34,7 +34,7 @@ checkpointing only its shared experts' matmul outputs (``op_feed_forward_element
 from __future__ import annotations
 
 from torchtitan_like.tools.planner.attention import attention_elements
-from torchtitan_like.tools.planner.model_shape import ModelShape
+from torchtitan_like.tools.planner.inputs import ModelShape
 
 
 def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, *, ac: str = "none", tp: int = 1,

@@ -42,8 +42,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from torchtitan_like.tools.planner.inputs import GPU
-    from torchtitan_like.tools.planner.model_shape import ModelShape
+    from torchtitan_like.tools.planner.inputs import GPU, ModelShape
 
 
 def math_attention(m: ModelShape, gpu: GPU) -> bool:

@@ -20,9 +20,8 @@ transfer the step waits for is step_time.py's business.
 
 from __future__ import annotations
 
-from torchtitan_like.tools.planner.inputs import Cluster, Layout, Workload
+from torchtitan_like.tools.planner.inputs import Cluster, Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.links import Comm, link, ring_volume
-from torchtitan_like.tools.planner.model_shape import ModelShape
 from torchtitan_like.tools.planner.moe import all_to_all_bytes, all_to_all_share, expert_split
 from torchtitan_like.tools.planner.ring import cp_traffic
 from torchtitan_like.tools.planner.schedule import busiest_rank_layers, checkpointed, rank_layers

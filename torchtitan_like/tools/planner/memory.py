@@ -49,8 +49,7 @@ import dataclasses
 
 from torchtitan_like.tools.planner.activations import layer_elements
 from torchtitan_like.tools.planner.attention import kernel_bytes, math_attention, output_elements
-from torchtitan_like.tools.planner.inputs import GPU, Layout, Workload
-from torchtitan_like.tools.planner.model_shape import ModelShape
+from torchtitan_like.tools.planner.inputs import GPU, Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.moe import expert_split
 from torchtitan_like.tools.planner.ring import ring_working_bytes
 from torchtitan_like.tools.planner.schedule import (

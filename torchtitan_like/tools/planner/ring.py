@@ -52,8 +52,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from torchtitan_like.tools.planner.inputs import Layout, Workload
-from torchtitan_like.tools.planner.model_shape import ModelShape
+from torchtitan_like.tools.planner.inputs import Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.schedule import busiest_rank_layers, checkpointed
 
 if TYPE_CHECKING:

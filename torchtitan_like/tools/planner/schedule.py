@@ -18,8 +18,7 @@ import functools
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed.layout_rules import stage_ids
 from torchtitan_like.distributed.pipeline import balance_layers
-from torchtitan_like.tools.planner.inputs import Layout, LayoutError
-from torchtitan_like.tools.planner.model_shape import ModelShape
+from torchtitan_like.tools.planner.inputs import Layout, LayoutError, ModelShape
 
 
 def bubble_fraction(pp: int, microbatches: int, schedule: str = "1F1B",
