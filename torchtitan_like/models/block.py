@@ -76,3 +76,17 @@ class PreNormBlock(nn.Module):
             norm.reset_parameters()
         self.attention.init_weights(self.init_std)
         self.ffn.init_weights(self.init_std)
+
+
+def init_blocks_and_head(layers: nn.ModuleDict, norm: nn.Module | None,
+                         head: nn.Linear | None, dim: int) -> None:
+    """A trunk's weights after its embedding, in the order their random numbers are drawn:
+    every block, the final norm, then an untied head (std ``dim**-0.5``, cut at 3 std). A
+    module a pipeline stage dropped (None) is skipped."""
+    for layer in layers.values():
+        layer.init_weights()
+    if norm is not None:
+        norm.reset_parameters()
+    if head is not None:
+        std = dim**-0.5
+        nn.init.trunc_normal_(head.weight, std=std, a=-3 * std, b=3 * std)

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from torchtitan_like.models.attention_masks import AttentionMask, attention, build_mask
-from torchtitan_like.models.block import PreNormBlock
+from torchtitan_like.models.block import PreNormBlock, init_blocks_and_head
 from torchtitan_like.models.deepseek_v3.args import DeepSeekV3Args, YarnScaling
 from torchtitan_like.models.deepseek_v3.mtp import MTPLoss
 from torchtitan_like.models.feed_forward import FeedForward
@@ -173,12 +173,6 @@ class DeepSeekV3Model(nn.Module):
         self.rope_cache.copy_(rope_cache(self.args).to(self.rope_cache.device))
         if self.tok_embeddings is not None:
             nn.init.normal_(self.tok_embeddings.weight)
-        for layer in self.layers.values():
-            layer.init_weights()
-        if self.norm is not None:
-            self.norm.reset_parameters()
-        if self.output is not None:
-            std = self.args.dim**-0.5
-            nn.init.trunc_normal_(self.output.weight, std=std, a=-3 * std, b=3 * std)
+        init_blocks_and_head(self.layers, self.norm, self.output, self.args.dim)
         if self.mtp is not None:  # last: the main model draws the numbers it draws without
             self.mtp.init_weights()

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchtitan_like.models.attention_masks import AttentionMask, attention, build_mask
-from torchtitan_like.models.block import PreNormBlock
+from torchtitan_like.models.block import PreNormBlock, init_blocks_and_head
 from torchtitan_like.models.feed_forward import FeedForward
 from torchtitan_like.models.llama3.args import Llama3Args, RopeScaling
 
@@ -149,9 +149,4 @@ class Transformer(nn.Module):
                 nn.init.trunc_normal_(self.tok_embeddings.weight, std=std, a=-3 * std, b=3 * std)
             else:
                 nn.init.normal_(self.tok_embeddings.weight)
-        for layer in self.layers.values():
-            layer.init_weights()
-        if self.norm is not None:
-            self.norm.reset_parameters()
-        if self.output is not None:
-            nn.init.trunc_normal_(self.output.weight, std=std, a=-3 * std, b=3 * std)
+        init_blocks_and_head(self.layers, self.norm, self.output, self.args.dim)
