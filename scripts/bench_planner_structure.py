@@ -40,7 +40,7 @@ import tempfile
 import time
 
 from torchtitan_like.tools.bench_runner import launch_bench, report, timed_steps, worker_cases
-from torchtitan_like.tools.planner.communication import rate_at
+from torchtitan_like.tools.planner.links import rate_at
 
 BAND = 0.25
 """Held when |predicted / measured - 1| is at most this: the published runs' limit."""

@@ -55,8 +55,8 @@ from torchtitan_like.tools.planner.activations import (
     routed_elements,
 )
 from torchtitan_like.tools.planner.calibration import CALIBRATION, Calibration
-from torchtitan_like.tools.planner.communication import Comm
 from torchtitan_like.tools.planner.inputs import Cluster, Layout, ModelShape, Workload
+from torchtitan_like.tools.planner.links import Comm
 from torchtitan_like.tools.planner.moe import routed_forward_share
 from torchtitan_like.tools.planner.ring import FLASH_BACKWARD_FLOPS, attention_factor, ring_time
 from torchtitan_like.tools.planner.schedule import (
