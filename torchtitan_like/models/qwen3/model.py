@@ -11,7 +11,6 @@ locally (parallelize.py).
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from torchtitan_like.models.block import PreNormBlock
 from torchtitan_like.models.feed_forward import FeedForward
