@@ -41,7 +41,7 @@ import time
 
 from torchtitan_like.tools.bench_runner import launch_bench, report, timed_steps, worker_cases
 from torchtitan_like.tools.calibrate import fastest_seconds
-from torchtitan_like.tools.planner.communication import rate_at
+from torchtitan_like.tools.planner.links import rate_at
 
 BAND = 0.25
 """Held when |predicted / measured - 1| is at most this: the published runs' limit."""

@@ -14,8 +14,8 @@ import json
 from harness import BASE, ROOT, env
 
 from torchtitan_like.tools import plan_cli
-from torchtitan_like.tools.planner.communication import COLLECTIVES
 from torchtitan_like.tools.planner.hardware import FORMAT, load_profile
+from torchtitan_like.tools.planner.links import COLLECTIVES
 
 
 def test_calibrate_then_verify_a_tiny_job(tmp_path, corpus, monkeypatch, capsys):

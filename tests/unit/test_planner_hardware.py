@@ -24,7 +24,6 @@ from torchtitan_like.tools.planner import (
     communication,
     plan,
 )
-from torchtitan_like.tools.planner.communication import rate_at
 from torchtitan_like.tools.planner.hardware import (
     FORMAT,
     gpu_from_dict,
@@ -33,6 +32,7 @@ from torchtitan_like.tools.planner.hardware import (
     write_profile,
 )
 from torchtitan_like.tools.planner.inputs import LayoutError
+from torchtitan_like.tools.planner.links import rate_at
 
 ROOT = Path(__file__).resolve().parents[2]
 CURVE = ((2.0**16, 0.5), (2.0**24, 1.0))

@@ -31,7 +31,7 @@ from torchtitan_like.tools.planner import (
     why_better,
 )
 from torchtitan_like.tools.planner import step_time as st
-from torchtitan_like.tools.planner.communication import rate_at
+from torchtitan_like.tools.planner.links import rate_at
 from torchtitan_like.tools.planner.search import complexity, rank
 
 H100 = GPUS["H100"]

@@ -1,5 +1,5 @@
-"""The results of a sweep (tools/ablate.py): what each variant's metrics.jsonl says, and the
-table, CSV and chart written from them.
+"""The results of a sweep (tools/ablate_sweep.py, run by tools/ablate.py): what each
+variant's metrics.jsonl says, and the table, CSV and chart written from them.
 
 Columns: throughput and MFU are means over the logged steps after the first (which carries
 start-up and compilation); memory is the largest logged peak; the final and validation losses
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from torchtitan_like.components import stragglers
 
 if TYPE_CHECKING:
-    from torchtitan_like.tools.ablate import Sweep, Variant
+    from torchtitan_like.tools.ablate_sweep import Sweep, Variant
 
 TRAINER_KEYS = stragglers.RECORD_KEYS | frozenset({
     "step", "loss", "grad_norm", "lr", "epoch", "tokens_seen", "resumed",  # the loop's

@@ -31,7 +31,7 @@ against published runs.
 
 from torchtitan_like.tools.planner.activations import korthikanti_layer_bytes, layer_elements
 from torchtitan_like.tools.planner.calibration import CALIBRATION, Calibration
-from torchtitan_like.tools.planner.communication import Comm, communication, ring_volume
+from torchtitan_like.tools.planner.communication import communication
 from torchtitan_like.tools.planner.from_config import (
     ac_of,
     from_job_config,
@@ -52,6 +52,7 @@ from torchtitan_like.tools.planner.inputs import (
     check_ac,
 )
 from torchtitan_like.tools.planner.layout_plan import Plan, plan, plan_fitting
+from torchtitan_like.tools.planner.links import Comm, ring_volume
 from torchtitan_like.tools.planner.memory import Memory, stage_memory
 from torchtitan_like.tools.planner.rules import validate_layout
 from torchtitan_like.tools.planner.schedule import (

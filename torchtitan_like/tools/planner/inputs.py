@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Literal
 
 from torchtitan_like.components.metrics import GPU_PEAK_TFLOPS
 from torchtitan_like.distributed.fsdp import reshard_after_forward
-from torchtitan_like.tools.planner.attention import LatentAttention, latent_attention
+from torchtitan_like.tools.planner.latent import LatentAttention, latent_attention
 from torchtitan_like.tools.planner.moe import attention_fields, moe_fields
 
 if TYPE_CHECKING:

@@ -61,8 +61,8 @@ from torchtitan_like.tools.planner.activations import (
     routed_elements,
 )
 from torchtitan_like.tools.planner.calibration import CALIBRATION, Calibration
-from torchtitan_like.tools.planner.communication import Comm, rate_at
 from torchtitan_like.tools.planner.inputs import GPU, Cluster, Layout, ModelShape, Workload
+from torchtitan_like.tools.planner.links import Comm, rate_at
 from torchtitan_like.tools.planner.moe import routed_forward_share
 from torchtitan_like.tools.planner.overheads import (
     fsdp_copy_seconds,
