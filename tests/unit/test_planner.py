@@ -155,7 +155,7 @@ def test_communication_volumes_and_links():
     assert comms["tp"].link == "intra-node" and comms["fsdp"].link == "inter-node"
     sbh = 4096 * m.dim * 2
     assert comms["tp"].bytes_per_step == pytest.approx(8 * 32 * 8 * ring_volume(8, sbh))
-    local = (32 * m.block_params + m.embedding_params) / 8
+    local = (32 * m.block_params + m.embedding_params + m.head_params) / 8  # every unit
     # 8 microbatches, each gathering twice (bf16) and reduce-scattering once (fp32).
     assert comms["fsdp"].bytes_per_step == pytest.approx(ring_volume(2, local * 8 * (4 + 4)))
     assert ring_volume(4, 100.0) == 75.0

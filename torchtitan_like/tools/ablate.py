@@ -51,6 +51,8 @@ from torchtitan_like.config.manager import tomllib
 from torchtitan_like.entry import trainer_class
 from torchtitan_like.tools.ablate_report import Result, read_metrics, write_results
 from torchtitan_like.tools.ablate_sweep import Sweep, SweepError, Variant, load_sweep
+from torchtitan_like.tools.planner import LayoutError
+from torchtitan_like.tools.planner.hardware import load_profile
 from torchtitan_like.validate import parse_args
 
 LAUNCH_ENV = {"TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1"}
@@ -139,8 +141,9 @@ def run_variant(sweep: Sweep, variant: Variant, folder: Path) -> Result:
                                        sweep.timeout_s)
     wall = time.perf_counter() - start
     records = read_metrics(folder)
-    result = Result(variant, nproc, "ok", wall, records,
-                    planned_memory_gib=sweep.planned_memory_gib(variant))
+    memory, speed = sweep.planned(variant)
+    result = Result(variant, nproc, "ok", wall, records, planned_memory_gib=memory,
+                    planned_tokens_per_second=speed)
     steps = [r["step"] for r in result.training]
     if rc is None:
         result.status = "timeout"
@@ -201,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
                         "their own (overrides the sweep's)")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these variants")
     parser.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument("--hardware", metavar="PROFILE", help="a hardware profile (ttl-plan "
+                        "--calibrate) for the planned memory and tokens/s columns")
     args = parser.parse_args(argv)
     try:
         sweep = load_sweep(args.sweep)
@@ -214,6 +219,13 @@ def main(argv: list[str] | None = None) -> int:
         changes["steps"] = args.steps
     if args.nproc:
         changes["nproc"] = args.nproc
+    if args.hardware:
+        try:
+            load_profile(args.hardware)
+        except LayoutError as e:
+            print(f"sweep error: {e}", file=sys.stderr)
+            return 2
+        changes["hardware"] = Path(args.hardware)
     if args.only:
         unknown = set(args.only) - {v.name for v in sweep.variants}
         if unknown:

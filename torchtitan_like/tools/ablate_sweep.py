@@ -13,7 +13,8 @@ import torch
 
 from torchtitan_like.config.manager import build_job_config, tomllib
 from torchtitan_like.launch import torchrun_argv
-from torchtitan_like.tools.planner import CPU, predict_peak
+from torchtitan_like.tools.planner import CPU, Cluster, from_job_config, plan
+from torchtitan_like.tools.planner.hardware import load_profile
 
 
 class SweepError(ValueError):
@@ -42,6 +43,9 @@ class Sweep:
     output_folder: Path = Path("outputs/ablations")
     overrides: tuple[str, ...] = ()
     timeout_s: float = 1800.0
+    hardware: Path | None = None
+    """A hardware profile (ttl-plan --calibrate) for the planned columns (ttl-ablate
+    --hardware)."""
 
     @property
     def baseline_name(self) -> str:
@@ -66,17 +70,24 @@ class Sweep:
     def nproc_of(self, variant: Variant) -> int:
         return variant.nproc or self.nproc
 
-    def planned_memory_gib(self, variant: Variant) -> float | None:
-        """The planner's peak tensor memory per rank for the variant (None when the planner
-        cannot model its config): on CUDA comparable with the logged peak; on CPU, where the
-        logged peak is the process's RSS, the only view of activation memory."""
+    def planned(self, variant: Variant) -> tuple[float | None, float | None]:
+        """The planner's peak tensor memory per rank (GiB) and, with a hardware profile
+        (``hardware``, ttl-plan --calibrate), tokens/s per device for the variant; None where
+        the planner cannot model its config. The memory: on CUDA comparable with the logged
+        peak; on CPU, where the logged peak is the process's RSS, the only view of activation
+        memory. Without a profile the device is the CPU preset (its rates are placeholders:
+        no tokens/s)."""
         argv = ["--job.config_file", str(self.base_config), *self.overrides, *variant.overrides]
-        device = dataclasses.replace(CPU, fused_rms_norm=torch.cuda.is_available())
+        nproc = self.nproc_of(variant)
+        device = load_profile(self.hardware).gpu if self.hardware else \
+            dataclasses.replace(CPU, fused_rms_norm=torch.cuda.is_available())
         try:
-            peak = predict_peak(build_job_config(argv), self.nproc_of(variant), device)
+            model, work, layout = from_job_config(build_job_config(argv), nproc)
+            result = plan(model, Cluster(device, gpus_per_node=nproc), work, layout)
         except ValueError:  # a config error (the run will say so) or a model without shapes
-            return None
-        return peak.total / 2**30
+            return None, None
+        speed = result.tokens_per_second_per_gpu if self.hardware else None
+        return result.memory.total / 2**30, speed
 
 
 _SWEEP_KEYS = {"base_config", "steps", "nproc", "baseline", "output_folder", "overrides",

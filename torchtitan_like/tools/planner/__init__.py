@@ -13,10 +13,14 @@ nothing is allocated.
     schedule.py       pipeline stages, placement, schedule order, in-flight microbatches, bubble
     activations.py    activation bytes per block (Korthikanti et al., 2022, applied to Llama)
     attention.py      what each attention family keeps (Qwen3's q/k norms, DeepSeek's MLA)
+    mixed_precision.py  the dtype each kept tensor has (autocast without FSDP, FSDP's mixed
+                      precision, the composite RMSNorm's and the CPU attention's fp32 copies)
     memory.py         the peak per pipeline rank, walked through its schedule
     communication.py  bytes per step per parallel dimension, and the link each uses
     ring.py           ring attention under CP: steps, exposed K/V traffic, merges, memory
     step_time.py      the step time in named parts, tokens/s per GPU and MFU
+    overheads.py      thin matmul shapes, the optimizer step, FSDP's copies, host dispatch
+    hardware.py       a hardware profile (ttl-plan --calibrate) as the GPU the planner reads
     layout_plan.py    one layout, planned (and ``plan_fitting``: the least AC that fits)
     search.py         ranked layouts honouring pinned degrees and options
     from_config.py    the inputs of a training config

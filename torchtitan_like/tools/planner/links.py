@@ -2,9 +2,10 @@
 
 A ring all-gather or reduce-scatter sends (n-1)/n of the data from each rank, in n-1 ring
 steps; each step costs its bytes at the link's rate plus a hop latency. A group whose ranks fit
-in one node uses the intra-node link (at the rate of a measured curve for its message size,
-where the GPU has one), otherwise the inter-node one. communication.py adds up each dimension's
-transfers; ring.py (context parallel's ring) and step_time.py read them.
+in one node uses the intra-node link, otherwise the inter-node one, each at the rate of a
+measured curve for its collective and message size where the GPU has one (a hardware profile:
+``GPU.collective_gbps``; ``GPU.intra_node_gbps_by_message``). communication.py adds up each
+dimension's transfers; ring.py (context parallel's ring) and step_time.py read them.
 """
 
 from __future__ import annotations
@@ -44,14 +45,24 @@ def ring_volume(n: int, nbytes: float) -> float:
     return (n - 1) / n * nbytes
 
 
-def link(cluster: Cluster, span: int, message_bytes: float) -> tuple[str, float, float]:
-    """The link, its GB/s for ``message_bytes`` a ring step and its hop latency for a group
-    spanning ``span`` consecutive ranks."""
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
+"""The collectives a layout's dimensions use, as ``GPU.collective_gbps`` names them."""
+
+
+def link(cluster: Cluster, span: int, message_bytes: float, kind: str = "all_gather"
+         ) -> tuple[str, float, float]:
+    """The link, its GB/s for ``message_bytes`` a ring step of collective ``kind`` and its hop
+    latency for a group spanning ``span`` consecutive ranks: a measured curve of that
+    collective on that link (``GPU.collective_gbps``, a hardware profile) first, then the
+    intra-node curve, then the nominal rate."""
     gpu = cluster.gpu
-    if span <= cluster.gpus_per_node:
-        rate = rate_at(gpu.intra_node_gbps_by_message, message_bytes) or gpu.intra_node_gbps
+    scope = "intra" if span <= cluster.gpus_per_node else "inter"
+    measured = rate_at(dict(gpu.collective_gbps).get(f"{kind}/{scope}", ()), message_bytes)
+    if scope == "intra":
+        rate = measured or rate_at(gpu.intra_node_gbps_by_message, message_bytes) \
+            or gpu.intra_node_gbps
         return "intra-node", rate, gpu.intra_node_latency_s
-    return "inter-node", gpu.inter_node_gbps, gpu.inter_node_latency_s
+    return "inter-node", measured or gpu.inter_node_gbps, gpu.inter_node_latency_s
 
 
 def rate_at(curve: tuple[tuple[float, float], ...], message_bytes: float) -> float:
