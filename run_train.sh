@@ -28,16 +28,28 @@ if command -v nvidia-smi >/dev/null 2>&1; then "$PYTHON" -m torchtitan_like.dist
 if [[ -z "${NPROC:-${NGPU:-}}" ]]; then
   NPROC=$(nvidia-smi -L 2>/dev/null | wc -l || true)
   [[ "${NPROC:-0}" -gt 0 ]] || NPROC=1
+  export NPROC
 fi
-NPROC="${NPROC:-$NGPU}"
 CONFIG_FILE="${CONFIG_FILE:-$PWD/train_configs/debug_model.toml}"  # of the checkout
+
+# Check the job in one process first: a bad config, dataset or launcher variable (NPROC,
+# NNODES, NODE_RANK, RDZV_ENDPOINT, MAX_RESTARTS, LOG_RANK: torchtitan_like/config/
+# launcher_env.py) is one line and exit code 2 (a dump folder a running job holds: 6), before
+# torchrun starts and before this script computes with them; --help and --print_config are
+# answered there too.
+preflight=("$PYTHON" -m torchtitan_like.preflight --job.config_file "$CONFIG_FILE" "${USER_ARGS[@]}")
+for arg in "$@"; do
+  case "$arg" in -h|--help|--print_config) exec "${preflight[@]}" ;; esac
+done
+"${preflight[@]}" || exit $?
+
+NPROC="${NPROC:-$NGPU}"
 LOG_RANK="${LOG_RANK:-0}"
 NNODES="${NNODES:-1}"
-
 rdzv=(--standalone)
 if [[ "$NNODES" -gt 1 ]]; then
-  rdzv=(--nnodes="$NNODES" --node_rank="${NODE_RANK:?set NODE_RANK}" --rdzv_backend=c10d
-        --rdzv_endpoint="${RDZV_ENDPOINT:?set RDZV_ENDPOINT=host:port}" --rdzv_id="${RDZV_ID:-torchtitan_like}")
+  rdzv=(--nnodes="$NNODES" --node_rank="$NODE_RANK" --rdzv_backend=c10d
+        --rdzv_endpoint="$RDZV_ENDPOINT" --rdzv_id="${RDZV_ID:-torchtitan_like}")
 fi
 
 export TORCHAO_FORCE_SKIP_LOADING_SO_FILES="${TORCHAO_FORCE_SKIP_LOADING_SO_FILES:-1}"
@@ -48,15 +60,6 @@ export TORCHAO_FORCE_SKIP_LOADING_SO_FILES="${TORCHAO_FORCE_SKIP_LOADING_SO_FILE
 if [[ "$NNODES" -gt 1 ]]; then
   export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
 fi
-
-# Check the job in one process first: a bad config or dataset is one line and exit code 2 (a
-# dump folder a running job holds: 6), before torchrun starts; --help and --print_config are
-# answered there too.
-preflight=("$PYTHON" -m torchtitan_like.preflight --job.config_file "$CONFIG_FILE" "${USER_ARGS[@]}")
-for arg in "$@"; do
-  case "$arg" in -h|--help|--print_config) WORLD_SIZE=$((NPROC * NNODES)) exec "${preflight[@]}" ;; esac
-done
-WORLD_SIZE=$((NPROC * NNODES)) "${preflight[@]}" || exit $?
 
 # torchrun, ending like a job: the first failing rank's line and exit code (2 config, 3 diverged,
 # 4 checkpoint, 5 data, 6 dump folder in use), no restart of a failure that would repeat

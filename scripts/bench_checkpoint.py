@@ -22,10 +22,11 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from torchtitan_like.launch import torchrun_argv
 
 MODES = ("none", "disabled", "async", "async_with_pinned_mem")
 
@@ -110,10 +111,10 @@ def main() -> None:
         return
     out = Path(tempfile.mkdtemp(prefix="bench_checkpoint_"))
     env = {**os.environ, "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={args.nproc}", "--local-ranks-filter=0", __file__, "--worker",
-           "--out", str(out),
-           *(f"--{k}={getattr(args, k)}" for k in ("dim", "layers", "steps", "interval"))]
+    cmd = torchrun_argv(args.nproc, "--local-ranks-filter=0", __file__, "--worker",
+                        "--out", str(out),
+                        *(f"--{k}={getattr(args, k)}" for k in ("dim", "layers", "steps",
+                                                                "interval")))
     try:
         subprocess.run(cmd, env=env, check=True)
         report(json.loads((out / "results.json").read_text()), args)

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from torchtitan_like.components.metrics import measure_cpu_tflops
+from torchtitan_like.launch import torchrun_argv
 from torchtitan_like.models.registry import model_spec_and_args
 from torchtitan_like.validate import parse_args
 
@@ -47,10 +48,9 @@ PEER_MEDIAN = re.compile(r"median step ([\d.]+) s -> ([\d,]+) tokens/s")
 
 def run_ours(args: argparse.Namespace, folder: Path) -> float:
     """Median per-device tokens/s of our trainer over the steps after the warm-up."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={args.nproc}", "-m", "torchtitan_like.train", *OURS_JOB,
-               "--training.steps", str(args.warmup + args.steps),
-               "--job.dump_folder", str(folder), *shlex.split(args.ours)]
+    command = torchrun_argv(args.nproc, "-m", "torchtitan_like.train", *OURS_JOB,
+                            "--training.steps", str(args.warmup + args.steps),
+                            "--job.dump_folder", str(folder), *shlex.split(args.ours))
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     return statistics.median(r["tokens_per_second"] for r in records

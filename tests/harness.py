@@ -38,6 +38,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from torchtitan_like.launch import TORCHRUN, torchrun_argv, worker_env
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).parent / "parallel" / "worker.py"
 RANK_SERVER = Path(__file__).parent / "rank_server.py"
@@ -96,24 +98,13 @@ def write_corpus(path: Path, documents: int = 300, seed: int = 0) -> None:
 
 
 def env() -> dict[str, str]:
-    """A launch's environment. torchrun's rendezvous store stays shared with the workers (no
-    port picked free and bound later: distributed/utils.init_distributed)."""
-    return {**os.environ, "PYTHONWARNINGS": "ignore", "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1",
-            "OMP_NUM_THREADS": "1"}
-
-
-def torchrun_argv(nproc: int, *args: str, max_restarts: int | None = None,
-                  launcher: str = "torch.distributed.run") -> list[str]:
-    """The command line of a standalone torchrun of ``nproc`` processes on this machine:
-    ``args`` is a script and its arguments, or ``-m module ...``, after any further launcher
-    flags. ``launcher`` is the module that launches (torchtitan_like.launch wraps torchrun)."""
-    restarts = [] if max_restarts is None else [f"--max-restarts={max_restarts}"]
-    return [sys.executable, "-m", launcher, "--standalone", f"--nproc_per_node={nproc}",
-            *restarts, *args]
+    """A launch's environment (launch.worker_env). torchrun's rendezvous store stays shared
+    with the workers (no port picked free and bound later: distributed/utils.init_distributed)."""
+    return worker_env()
 
 
 def torchrun(nproc: int, *args: str, timeout: int = 600, max_restarts: int | None = None,
-             launcher: str = "torch.distributed.run") -> subprocess.CompletedProcess:
+             launcher: str = TORCHRUN) -> subprocess.CompletedProcess:
     """Run ``torchrun_argv`` from the repository root with ``env()``, its output captured as
     text."""
     argv = torchrun_argv(nproc, *args, max_restarts=max_restarts, launcher=launcher)
@@ -192,14 +183,14 @@ def build_trainer(overrides: list[str], dump_folder: Path, corpus: Path, device)
 
 
 def run_in_process(argv: list[str], trainer_cls=None) -> int:
-    """What ``train.main`` does (the logger set up, then ``train.run``: the job from its command
+    """What ``entry.main`` does (the logger set up, then ``entry.run``: the job from its command
     line to its exit code), without ending the test process; a process group of one. The
     environment, the logger and torch's global settings are restored and the process group
     destroyed afterwards."""
     import torch
     import torch.distributed as dist
 
-    from torchtitan_like import train
+    from torchtitan_like import entry
     from torchtitan_like.logging import init_logger, logger
 
     saved = dict(os.environ)
@@ -208,7 +199,7 @@ def run_in_process(argv: list[str], trainer_cls=None) -> int:
     handlers, propagate, level = logger.handlers[:], logger.propagate, logger.level
     try:
         init_logger()
-        return train.run(argv, *(() if trainer_cls is None else (trainer_cls,)))
+        return entry.run(argv, *(() if trainer_cls is None else (trainer_cls,)))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -250,6 +241,22 @@ def launch_layouts(layouts: dict[int, dict[str, list[str]]], root: Path,
     for nproc, cases in layouts.items():
         results.update(launch(nproc, cases, root / str(nproc), corpus))
     return results
+
+
+class OmittedStep:
+    """A trainer's data with the microbatches of one step left out (delegates the rest): the
+    data of a run that skipped that step (a spike's, a dropped one's)."""
+
+    def __init__(self, loader, step: int, per_step: int):
+        self.loader, self.first, self.count = loader, (step - 1) * per_step, per_step
+
+    def __iter__(self):
+        for index, batch in enumerate(self.loader):
+            if not self.first <= index < self.first + self.count:
+                yield batch
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
 
 
 def read_metrics(folder: Path) -> list[dict]:

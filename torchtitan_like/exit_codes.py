@@ -21,14 +21,21 @@ class ExitCode(enum.IntEnum):
     DIVERGED = 3
     """``training diverged:`` the loss or gradient norm stopped being finite."""
     CHECKPOINT = 4
-    """``checkpoint error:`` a checkpoint that cannot be loaded or saved (corrupt, disk full)."""
+    """``checkpoint error:`` a checkpoint that cannot be loaded or saved (corrupt, disk full);
+    ``storage error:`` any other write of the job on a full disk (components/storage.py)."""
     DATA = 5
     """``data error:`` a dataset record that cannot be read (file and line named)."""
     FOLDER_IN_USE = 6
     """``dump folder in use:`` another running job holds the dump folder's lock."""
+    INTERRUPTED = 130
+    """Ctrl-C (SIGINT, 128 + 2, the shell's convention): stopped; the same command resumes."""
 
 
 FINAL = frozenset({ExitCode.CONFIG, ExitCode.DIVERGED, ExitCode.CHECKPOINT, ExitCode.DATA,
                    ExitCode.FOLDER_IN_USE})
 """Failures that a restart would meet again (the same config, data or checkpoint): never
 restarted. Unexpected failures, signals and timeouts (a lost peer) are."""
+
+INTERRUPTED_LINE = ("stopped by SIGINT (Ctrl-C); the same command resumes from the latest "
+                    "complete checkpoint ([checkpoint] enable)")
+"""What a job stopped by Ctrl-C says: the launcher's line, or the trainer's without one."""

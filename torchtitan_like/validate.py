@@ -17,18 +17,19 @@ from torchtitan_like.components import (
     moe_low_precision,
     optimizer,
     profiling,
+    versions,
 )
 from torchtitan_like.components.checkpoint import validate_checkpoint
-from torchtitan_like.components.converters import resolve_converters
+from torchtitan_like.components.converters import check_converters
 from torchtitan_like.components.data.checks import check_data
 from torchtitan_like.components.data.tokenized import validate_data_options
 from torchtitan_like.components.data.tokenizer import build_tokenizer
 from torchtitan_like.components.fault_injection import validate_faults
 from torchtitan_like.components.hf_export import validate_hf_export
 from torchtitan_like.components.output_paths import check_output_paths
-from torchtitan_like.components.spikes import validate_spike
 from torchtitan_like.components.trackers import validate_trackers
 from torchtitan_like.config.custom_sections import validate_custom_sections
+from torchtitan_like.config.derived import float8_enabled
 from torchtitan_like.config.errors import ConfigError, require
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.config.manager import (
@@ -78,9 +79,10 @@ def validate(config: JobConfig, world_size: int) -> None:
     ac = config.activation_checkpoint
     if ac.mode == "selective" and ac.selective_ac_option != "op":
         every_nth_layer(ac.selective_ac_option)
-    resolve_converters(config)
+    check_converters(config)
     validate_custom_sections(config)
-    float8.validate(config.float8, device_type())
+    versions.check_versions(config, device_type())
+    float8.validate(config.float8, float8_enabled(config), device_type())
     optimizer.validate(config.optimizer, config.training.dtype, device_type())
     profiling.validate(config.profiling, device_type())
     fault_tolerance.validate(config, device_type())
@@ -117,7 +119,6 @@ def validate(config: JobConfig, world_size: int) -> None:
     check_output_paths(config)
     validate_faults(config, world_size)
     validate_trackers(config)
-    validate_spike(config.spike)
 
 
 def parse_args(argv: list[str], world_size: int) -> JobConfig:

@@ -45,6 +45,22 @@ def test_bad_inputs_fail_before_torchrun_with_one_line(tmp_path, dump_folder):
         assert (dump_folder / "metrics.jsonl").read_text() == EARLIER_RUN
 
 
+def test_bad_launcher_variables_fail_before_bash_computes_with_them(tmp_path, dump_folder):
+    """run_train.sh hands its variables to preflight before any arithmetic on them
+    (tests/unit/test_launcher_env.py checks each variable's bad values)."""
+    cases = [({"NPROC": "0"}, "config error: NPROC=0: processes on this node must be a whole "
+                              "number >= 1"),
+             ({"NNODES": "2", "NODE_RANK": "0"}, "config error: NNODES=2 needs RDZV_ENDPOINT"),
+             ({"NPROC": "1", "LOG_RANK": "1"}, "config error: LOG_RANK=1: expected local ranks")]
+    for variables, line in cases:
+        proc = subprocess.run(["./run_train.sh", f"--job.dump_folder={dump_folder}"], cwd=ROOT,
+                              env={**env(), "PYTHON": sys.executable, **variables},
+                              capture_output=True, text=True, timeout=300)
+        out = (proc.stdout + proc.stderr).strip()
+        assert proc.returncode == 2 and len(out.splitlines()) == 1 and line in out, out
+        assert (dump_folder / "metrics.jsonl").read_text() == EARLIER_RUN
+
+
 def test_a_job_failing_after_start_up_keeps_the_metrics_file(tmp_path, dump_folder):
     """The second record lacks the text field: the start-up check reads only a file's first
     record, so training meets it at step 1, after the process group, the model and the

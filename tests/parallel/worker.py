@@ -6,8 +6,8 @@ import sys
 
 from torchtitan_like.distributed.lifecycle import exit_process
 from torchtitan_like.distributed.utils import init_distributed
+from torchtitan_like.entry import trainer_class
 from torchtitan_like.logging import init_logger
-from torchtitan_like.train import trainer_class
 from torchtitan_like.validate import parse_args
 
 

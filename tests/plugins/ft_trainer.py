@@ -127,8 +127,8 @@ class FTTestTrainer(Trainer):
 
         def allreduce_then_die(tensor, **kwargs):
             work = allreduce(tensor, **kwargs)
-            if in_gradients[0] and self.step == step:
-                self._die("allreduce")
+            if in_gradients[0] and self.step + 1 == step:  # self.step: the steps committed
+                self._die("allreduce", step=step)
             return work
 
         self.ft.reduce_gradients = reduce_gradients_then_die

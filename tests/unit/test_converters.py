@@ -6,6 +6,7 @@ from torch import nn
 
 from torchtitan_like.components.converters import build_converters
 from torchtitan_like.components.float8 import Float8Converter
+from torchtitan_like.config.derived import float8_enabled, model_converters
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.validate import parse_args
@@ -17,7 +18,10 @@ EMULATED = ["--float8.emulate=true"]
 @pytest.mark.parametrize("switch", [["--model.converters=float8"], ["--float8.enable=true"]])
 def test_float8_by_name_or_by_its_switch_is_one_job(switch):
     config = parse_args([*switch, *EMULATED], 1)
-    assert config.model.converters == ["float8"] and config.float8.enable
+    assert model_converters(config) == ["float8"] and float8_enabled(config)
+    # the config is what the user wrote: neither spelling is written into the other
+    by_name = switch == ["--model.converters=float8"]
+    assert (config.model.converters == ["float8"], config.float8.enable) == (by_name, not by_name)
     converters = build_converters(config, ParallelDims.from_config(config, 1), "cpu")
     assert [type(c) for c in converters.converters] == [Float8Converter]
 
@@ -33,7 +37,7 @@ def test_a_registered_converter_runs_in_order_before_the_plan(corpus, tmp_path,
                                                               one_process_group):
     trainer = build_trainer([*PLUGIN, "--model.converters=norm_eps,float8", *EMULATED,
                              "--training.steps=1"], tmp_path, corpus, one_process_group)
-    assert trainer.config.float8.enable
+    assert float8_enabled(trainer.config)
     norm_eps, float8 = trainer.converters.converters
     assert isinstance(float8, Float8Converter)
     norms = [m for m in trainer.model_parts[0].modules() if isinstance(m, nn.RMSNorm)]

@@ -44,9 +44,12 @@ def test_a_lighthouse_and_the_extra_are_required(monkeypatch):
         parse_args(FT, 1)
 
 
-def test_fields_without_enable_are_refused():
-    with pytest.raises(ConfigError, match="replica_id is set but enable = false"):
-        parse_args(["--fault_tolerance.replica_id=1"], 1)
+def test_fields_without_enable_take_no_effect(tmp_path):
+    """Not refused: named in the start-up warning (tests/unit/test_switches.py)."""
+    config = parse_args(["--fault_tolerance.replica_id=1", f"--job.dump_folder={tmp_path}"], 1)
+    fault_tolerance.place_group(config)
+    assert config.job.dump_folder == str(tmp_path)
+    assert fault_tolerance.data_share(config, 1, 2) == (1, 2)
 
 
 def test_a_group_reads_its_share_and_writes_its_own_folder(lighthouse, tmp_path):

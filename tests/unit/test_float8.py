@@ -104,17 +104,18 @@ def test_post_optimizer_step_runs_after_each_optimizer_step():
      'enable_fsdp_float8_all_gather needs recipe_name = "tensorwise", not "rowwise"'),
     (["--float8.recipe_name", "rowwise_with_gw_hp",
       "--float8.enable_fsdp_float8_all_gather", "true"], "needs recipe_name"),
-    (["--float8.precompute_float8_dynamic_scale_for_fsdp", "true"],
-     "set enable_fsdp_float8_all_gather = true as well"),
 ])
 def test_unsupported_combinations_are_refused_at_start_up(flags, message):
     with pytest.raises(ConfigError, match=message):
         parse_args(["--float8.enable", "true", *flags], world_size=2)
 
 
-def test_float8_flags_are_ignored_when_float8_is_off():
+def test_float8_flags_are_settings_without_effect_when_float8_is_off():
+    """Not refused (tests/unit/test_switches.py: named in the start-up warning)."""
     parse_args(["--float8.recipe_name", "rowwise",
                 "--float8.enable_fsdp_float8_all_gather", "true"], world_size=2)
+    parse_args(["--float8.enable", "true", "--float8.emulate", "true",
+                "--float8.precompute_float8_dynamic_scale_for_fsdp", "true"], world_size=2)
 
 
 def test_gpus_older_than_sm89_are_refused_unless_emulated():

@@ -137,6 +137,36 @@ def test_gpu_smoke_script_parses_and_refuses_a_cpu_machine(tmp_path):
     assert done.returncode == 1 and len(lines) == 1 and "no usable GPU" in lines[0], lines
 
 
+def test_gpu_smoke_dry_run_reports_every_row_past_failures_and_timeouts(tmp_path):
+    """The whole script's control flow without a GPU (``--dry-run``: fake checks and figures):
+    a failed check and one over its cap do not stop it, every row is printed, then the
+    throughput table (with a failed and a timed-out job), and the archive is written. The
+    planner really runs on each job's TOML. Nothing is timed."""
+    env = {**os.environ, "PYTHON": sys.executable, "SMOKE_DIR": str(tmp_path / "logs"),
+           "SMOKE_ARCHIVE": str(tmp_path / "out"), "SMOKE_DRY_FAIL": "sdpa-backends f8-tensorwise",
+           "SMOKE_DRY_TIMEOUT": "blockwise-warm hf",
+           "SMOKE_THROUGHPUT_JOBS": "compile,hf,f8-tensorwise,ckpt-stall"}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_smoke.sh"), "--dry-run"], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    rows = dict(line.split()[:2] for line in done.stdout.splitlines()
+                if line and not line.startswith(("|", " ")) and len(line.split()) > 2
+                and line.split()[1] in ("ok", "FAIL", "TIMEOUT", "skip"))
+    assert rows["sdpa-backends"] == "FAIL" and rows["blockwise-warm"] == "TIMEOUT"
+    assert rows["multi-gpu"] == "skip"
+    assert {name for name, status in rows.items() if status == "ok"} >= {
+        "preflight", "baseline", "full-stack", "resume", "float8-rowwise", "bf16-moments",
+        "moe-low-precision", "blockwise-cold", "deepseek-recipe"}
+    table = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert table[0].startswith("| job | status | tokens/s | MFU (measured peak) | MFU (datasheet)")
+    jobs = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in table[1:]}
+    assert jobs["compile"] == "ok" and jobs["hf"] == "TIMEOUT"
+    assert jobs["f8-tensorwise"].startswith("FAIL") and "stalls the loop" in jobs["ckpt-stall"]
+    assert "3 check(s) failed or timed out" in done.stdout  # two rows and the throughput script
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {
+        "summary.txt", "throughput.md", "throughput.json", "smoke_logs.tar.gz"}
+
+
 def test_float8_rowwise_is_admitted_only_where_its_kernels_exist():
     from torchtitan_like.components.float8 import check_cuda_capability
     from torchtitan_like.config.job_config import Float8
@@ -200,3 +230,91 @@ def test_mesh_subgroups_follow_the_world_timeout(tmp_path):
     worker.write_text(TIMEOUT_WORKER)
     done = ranks(2, str(worker), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+# ---- version gates (components/versions.py), with monkeypatched versions ----
+
+
+def _mxfp8_flags() -> list[str]:
+    return ["--model.name", "deepseek_v3", "--model.flavor", "debugmodel",
+            "--float8.moe_grouped_mm", "mxfp8", "--float8.emulate", "true"]
+
+
+def test_mxfp8_on_a_torch_too_old_for_torchao_is_one_config_error(monkeypatch):
+    """torch 2.11 without the DTensor strategies torchao probes for: refused at start-up (the
+    H200 run failed at the model conversion with torchao's "install the latest nightly")."""
+    from torchtitan_like.components import versions
+    from torchtitan_like.validate import parse_args
+
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    monkeypatch.setattr(versions, "_dtensor_scaled_mm_strategies", lambda: False)
+    with pytest.raises(ConfigError) as error:
+        parse_args(_mxfp8_flags(), world_size=1)
+    assert str(error.value) == ('[float8] moe_grouped_mm = "mxfp8" needs torch >= 2.13 (this is '
+                                "torch 2.11); install a newer torch or turn it off")
+    monkeypatch.setattr(versions, "_dtensor_scaled_mm_strategies", lambda: True)  # a 2.12 with them
+    parse_args(_mxfp8_flags(), world_size=1)
+
+
+def test_torchao_older_than_the_code_is_named(monkeypatch):
+    from torchtitan_like.components import versions
+    from torchtitan_like.config.job_config import JobConfig
+
+    config = JobConfig()
+    config.float8.enable, config.float8.recipe_name = True, "blockwise"
+    monkeypatch.setattr(versions, "torchao_version", lambda: (0, 17))
+    with pytest.raises(ConfigError, match=r"blockwise\" needs torchao >= 0\.18 \(torchao here: "
+                                          r"0\.17\)"):
+        versions.check_versions(config, "cuda")
+    versions.check_versions(config, "cpu")  # emulated on a CPU: plain torch ops
+    monkeypatch.setattr(versions, "torchao_version", lambda: None)
+    config.float8.enable, config.float8.moe_grouped_mm = False, "float8_rowwise"
+    with pytest.raises(ConfigError, match="not installed"):
+        versions.check_versions(config, "cuda")
+
+
+def test_version_parsing_and_the_pure_rule():
+    from torchtitan_like.components.versions import GATES, parse_version, refusal
+
+    assert parse_version("2.13.0+cpu") == (2, 13)
+    assert parse_version("2.12.0a0+git1234") == (2, 12)
+    assert parse_version("0.18.0.dev20261101") == (0, 18)
+    mxfp8 = GATES[0]
+    assert refusal(mxfp8, (2, 13), False, (0, 18)) is None
+    assert refusal(mxfp8, (2, 12), True, (0, 18)) is None
+    assert "torch >= 2.13" in refusal(mxfp8, (2, 12), False, (0, 18))
+
+
+# ---- no silent minutes (components/first_step.py, distributed/compile.py) ----
+
+
+def test_slow_first_step_work_is_announced_with_its_caches(caplog, tmp_path, monkeypatch):
+    import logging
+
+    from torchtitan_like.components import first_step
+    from torchtitan_like.config.job_config import JobConfig
+    from torchtitan_like.distributed.compile import set_inductor_cache
+
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TRITON_CACHE_AUTOTUNING"):
+        monkeypatch.delenv(name, raising=False)
+    config = JobConfig()
+    config.compile.cache_dir = str(tmp_path / "kernels")
+    set_inductor_cache(config.compile, meshes=None)  # compile off: no process groups to tag
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "kernels")
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "kernels" / "triton")
+    assert os.environ["TRITON_CACHE_AUTOTUNING"] == "1"
+
+    assert first_step.first_step_work(config, "cuda") == []
+    config.float8.enable, config.float8.recipe_name = True, "blockwise"
+    config.float8.moe_grouped_mm = "float8_rowwise"
+    config.optimizer.implementation, config.optimizer.state_dtype = "fused", "bfloat16"
+    monkeypatch.setattr(first_step, "torch_version", lambda: (2, 11))
+    work = first_step.first_step_work(config, "cuda", ep=2)
+    assert len(work) == 3 and "45 configurations" in work[0] and "expert parallelism" in work[1]
+    assert "bf16-moment AdamW step compiles" in work[2]
+    assert first_step.first_step_work(config, "cpu") == [work[2]]  # emulated: nothing to tune
+    with caplog.at_level(logging.INFO, logger="torchtitan_like"):
+        first_step.announce_first_step(config, "cuda")
+    lines = [r.message for r in caplog.records]
+    assert [line.startswith("before step 1: ") for line in lines] == [True] * 3 + [False]
+    assert f"Triton {tmp_path / 'kernels' / 'triton'}" in lines[-1]

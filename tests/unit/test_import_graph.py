@@ -7,7 +7,11 @@ as it closes no circle.
 Every module of ``torchtitan_like`` is parsed (not imported) with ``ast``, and every import
 statement counts, including those inside functions (a lazy import is still a dependency; it only
 hides a circle until the function runs). Imports under ``if TYPE_CHECKING:`` are left out: they
-never execute, and with ``from __future__ import annotations`` they only name types. The implicit
+never execute, and with ``from __future__ import annotations`` they only name types. So are
+imports under ``if __name__ == "__main__":``: that block runs only when the file is the program
+(``python -m``), as a module ``__main__`` apart from the package's own copy of it, so it is the
+top of the stack, above every layer, and closes no circle (``python -m torchtitan_like.train``
+runs entry.py's ``main``). The implicit
 edge from a submodule to its parent package's ``__init__`` is left out too: Python registers the
 package before running its ``__init__``, so reaching a sibling through the package is no circle.
 """
@@ -29,6 +33,7 @@ LAYERS = (
     ("models",),
     ("components",),
     ("validate", "train", "failure_report"),
+    ("entry",),
     ("preflight", "launch", "tools"),
 )
 """Bottom to top: the first part of a module's name below the package gives its layer."""
@@ -45,11 +50,18 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+def _is_main_block(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
+            and test.left.id == "__name__" and isinstance(test.comparators[0], ast.Constant)
+            and test.comparators[0].value == "__main__")
+
+
 def _runtime_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
     found, stack = [], [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and (_is_type_checking(node) or _is_main_block(node)):
             stack.extend(node.orelse)
             continue
         if isinstance(node, ast.Import | ast.ImportFrom):
@@ -121,6 +133,16 @@ def test_graph_sees_lazy_imports():
     graph = import_graph()
     assert "torchtitan_like.config.manager" in graph["torchtitan_like.validate"]
     assert graph["torchtitan_like.train"], "the trainer imports the package"
+
+
+def test_a_main_block_is_the_program_not_an_import():
+    """train.py's ``__main__`` block runs entry.py (a layer above), the module that imports
+    it: the block is left out, every other import of the file counts."""
+    tree = ast.parse('import a\nif __name__ == "__main__":\n    import b\n')
+    assert [n.names[0].name for n in _runtime_imports(tree)] == ["a"]
+    graph = import_graph()
+    assert "torchtitan_like.entry" not in graph["torchtitan_like.train"]
+    assert "torchtitan_like.train" in graph["torchtitan_like.entry"]
 
 
 def test_no_import_cycles():

@@ -153,12 +153,6 @@ def _cases(tmp: Path, prepared: Path, job: Path) -> dict[str, tuple[list[str], s
         "jsonl not UTF-8 in line 2": (local(jsonl, "--validation.enable",
                                             "--training.holdout_every=2"),
                                       "bad.jsonl:2: byte 0xff at column 1 is not UTF-8"),
-        "dataset_path beside cpython_docs": (
-            [f"--training.dataset_path={tmp / 'nonexistent'}"],
-            "[training] dataset_path applies to dataset = \"local\" or \"tokenized\" only; "
-            "[training] dataset = 'cpython_docs' would ignore"),
-        "text field beside cpython_docs": (["--training.dataset_text_field=body"],
-                                           "[training] dataset_text_field applies to"),
         "mixture source outside dataset_path": (
             tokenized(prepared.parent, "--training.mixture=../web=1"),
             "source name '../web' must be the name of a folder directly under"),

@@ -30,6 +30,7 @@ from torchtitan_like.components.moe_low_precision import (
     check_experts,
     device_unsupported_reason,
 )
+from torchtitan_like.config.derived import float8_enabled, model_converters
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import Float8
 from torchtitan_like.models.moe.experts import GroupedExperts
@@ -224,4 +225,20 @@ def test_expert_dims_the_recipe_cannot_quantize_are_refused(recipe, dim, hidden,
 
 def test_the_switch_adds_its_converter():
     config = parse_args([*DEEPSEEK, *MXFP8_EMULATED], world_size=1)
-    assert config.model.converters == ["moe_grouped_mm"] and not config.float8.enable
+    assert model_converters(config) == ["moe_grouped_mm"] and not float8_enabled(config)
+    assert config.model.converters == []  # derived, not written into the config
+
+
+def test_the_padded_token_count_is_fixed_by_the_tokens_alone():
+    """Whatever the routing, the padded GEMMs see one row count (torchao autotunes per count:
+    experts.py), every group a multiple, each token at its group's start plus its rank."""
+    from torchtitan_like.models.moe.experts import _padded_rows
+
+    for counts in ([5, 0, 17, 3], [25, 0, 0, 0], [0, 0, 0, 25], [7, 6, 6, 6]):
+        counts = torch.tensor(counts)
+        rows, padded, total = _padded_rows(counts, 16, 25)
+        assert total == 25 + 4 * 15 + 11 == int(padded.sum())  # 96: 85 rounded up to 16
+        assert (padded % 16 == 0).all() and (padded >= counts).all()
+        starts = torch.cumsum(padded, 0) - padded
+        expected = torch.cat([starts[e] + torch.arange(int(n)) for e, n in enumerate(counts)])
+        assert torch.equal(rows, expected)

@@ -155,7 +155,7 @@ def test_communication_volumes_and_links():
     assert comms["tp"].link == "intra-node" and comms["fsdp"].link == "inter-node"
     sbh = 4096 * m.dim * 2
     assert comms["tp"].bytes_per_step == pytest.approx(8 * 32 * 8 * ring_volume(8, sbh))
-    local = (32 * m.block_params + m.embedding_params) / 8
+    local = (32 * m.block_params + m.embedding_params + m.head_params) / 8  # every unit
     # 8 microbatches, each gathering twice (bf16) and reduce-scattering once (fp32).
     assert comms["fsdp"].bytes_per_step == pytest.approx(ring_volume(2, local * 8 * (4 + 4)))
     assert ring_volume(4, 100.0) == 75.0
@@ -309,6 +309,33 @@ def test_cli_json_and_search(capsys):
                           "--json"]) == 0
     ranked = json.loads(capsys.readouterr().out)
     assert 1 <= len(ranked) <= 3 and all(p["fits"] for p in ranked)
+
+
+def test_cli_plans_a_config_on_the_gpus_it_implies(capsys, monkeypatch):
+    """--config: the GPUs its degrees multiply to, else NPROC (or NGPU) x NNODES as
+    run_train.sh would launch it, else one node; --num_gpus says otherwise (FSDP then takes
+    the rest of it, as data_parallel_shard_degree = -1)."""
+    for name in ("NPROC", "NGPU", "NNODES"):
+        monkeypatch.delenv(name, raising=False)
+
+    def planned(*argv: str) -> tuple[int, dict]:
+        code = plan_cli.main([*argv, "--json"])
+        return code, json.loads(capsys.readouterr().out)["layout"]
+
+    code, layout = planned("--config", "train_configs/llama3_70b.toml")
+    assert code == 0 and (layout["tp"], layout["dp_shard"]) == (8, 8)  # fits: 64 GPUs
+    assert planned("--config", "train_configs/llama3_70b.toml", "--num_gpus", "128")[1][
+        "dp_shard"] == 16
+    assert planned("--config", "train_configs/debug_model.toml")[1]["dp_shard"] == 8
+    monkeypatch.setenv("NGPU", "2")
+    monkeypatch.setenv("NNODES", "2")
+    assert planned("--config", "train_configs/debug_model.toml")[1]["dp_shard"] == 4
+    assert plan_cli.main(["--config", "train_configs/debug_model.toml"]) == 0
+    assert "Cluster: 4 x H100 SXM 80GB (1 node(s) of 4: NPROC x NNODES;" in \
+        capsys.readouterr().out
+    monkeypatch.setenv("NNODES", "0")
+    assert plan_cli.main(["--config", "train_configs/debug_model.toml"]) == 2
+    assert "NNODES=0: the number of nodes must be" in capsys.readouterr().err
 
 
 def test_cli_errors(capsys):

@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from torchtitan_like.components.run_summary import settings_without_effect
+from torchtitan_like.config.manager import build_job_config
+from torchtitan_like.distributed.parallel_dims import ParallelDims
+from torchtitan_like.tools.planner.from_config import implied_num_gpus
 from torchtitan_like.validate import parse_args
 
 CONFIGS = Path(__file__).resolve().parents[2] / "train_configs"
@@ -36,9 +40,20 @@ def test_every_shipped_config_is_listed():
 
 @pytest.mark.parametrize("name", WORLD_SIZES)
 def test_shipped_config_validates(name):
+    """... and sets nothing without effect (config/switches.py)."""
     config = parse_args(["--job.config_file", str(CONFIGS / name), *ON_THIS_CPU],
                         WORLD_SIZES[name])
     assert config.job.description
+    dims = ParallelDims.from_config(config, WORLD_SIZES[name])
+    assert settings_without_effect(config, dims) is None
+
+
+@pytest.mark.parametrize("name", WORLD_SIZES)
+def test_a_config_for_more_than_one_node_states_its_size_in_its_degrees(name):
+    """``ttl-plan --config`` plans a config on the GPUs its degrees multiply to; one written
+    for a single node may leave them to the launcher (data_parallel_shard_degree = -1)."""
+    implied = implied_num_gpus(build_job_config(["--job.config_file", str(CONFIGS / name)]))
+    assert implied == WORLD_SIZES[name] or (implied is None and WORLD_SIZES[name] <= 8)
 
 
 def test_the_405b_layouts_are_the_llama3_papers():
@@ -53,7 +68,7 @@ def test_the_671b_layout_is_deepseek_v3s():
     p = parse_args(["--job.config_file", str(CONFIGS / "deepseek_v3_671b.toml"), *ON_THIS_CPU],
                    2048).parallelism
     assert (p.pipeline_parallel_degree, p.expert_parallel_degree, p.tensor_parallel_degree,
-            p.data_parallel_shard_degree) == (16, 64, 1, -1)
+            p.data_parallel_shard_degree) == (16, 64, 1, 128)
 
 
 @pytest.mark.parametrize("name, world_size", [("deepseek_v3_recipe.toml", 16),

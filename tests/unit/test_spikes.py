@@ -19,7 +19,7 @@ import json
 import re
 
 import pytest
-from harness import ROOT, build_trainer, read_metrics
+from harness import ROOT, OmittedStep, build_trainer, read_metrics
 
 from torchtitan_like.components.spikes import SpikeDetector, TrainingDiverged
 from torchtitan_like.config.errors import ConfigError
@@ -27,21 +27,6 @@ from torchtitan_like.config.job_config import Spike
 from torchtitan_like.config.manager import build_job_config
 
 SPIKE = ["--training.steps=8", "--spike.window=4", "--debug.spike_step=6"]
-
-
-class OmittedStep:
-    """A trainer's data with the microbatches of one step left out (delegates the rest)."""
-
-    def __init__(self, loader, step: int, per_step: int):
-        self.loader, self.first, self.count = loader, (step - 1) * per_step, per_step
-
-    def __iter__(self):
-        for index, batch in enumerate(self.loader):
-            if not self.first <= index < self.first + self.count:
-                yield batch
-
-    def __getattr__(self, name):
-        return getattr(self.loader, name)
 
 
 def train(overrides, folder, corpus, device, omit_step=0):
@@ -118,22 +103,13 @@ def test_stop_ends_the_run_at_the_nth_spike_in_a_row():
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--spike.policy=off", "--spike.window=5"], 'but policy = "off" checks nothing'),
-    (["--spike.max_consecutive=2"], 'counts spikes for policy = "stop" only'),
-    (["--debug.spike_scale=3"], "[debug] spike_scale = 3 needs [debug] spike_step"),
-    (["--debug.slow_rank_seconds=1"], "needs [debug] slow_rank"),
     (["--debug.slow_rank=2"], "[debug] slow_rank = 2: must be -1 (off) or a rank in 0..1"),
-    (["--metrics.run_name=x"], "is read by enable_wandb or enable_mlflow only"),
-    (["--metrics.enable_wandb", "--metrics.mlflow_tracking_uri=x"], "by enable_mlflow only"),
 ])
-def test_a_switch_that_would_do_nothing_is_refused(args, message):
-    """Fields of spikes, faults and trackers that nothing would read: one line each."""
+def test_a_fault_that_can_never_fire_is_refused(args, message):
+    """(Fields of spikes, faults and trackers whose switch is off are settings without
+    effect, named at start-up: tests/unit/test_switches.py.)"""
     from torchtitan_like.components.fault_injection import validate_faults
-    from torchtitan_like.components.spikes import validate_spike
-    from torchtitan_like.components.trackers import validate_trackers
 
     config = build_job_config(args)
     with pytest.raises(ConfigError, match=re.escape(message)):
-        validate_spike(config.spike)
         validate_faults(config, 2)
-        validate_trackers(config)

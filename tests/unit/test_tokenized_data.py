@@ -197,8 +197,6 @@ def test_mixture_from_the_command_line_and_tokenizer_mismatch_is_refused(prepare
                            (["--training.mixture", "web=-1"], "must be >= 0")):
         with pytest.raises(ConfigError, match=message):
             validate(build_job_config([*base, "--training.mixture", "web=1", *extra]), 1)
-    with pytest.raises(ConfigError, match="shuffle applies to dataset = \"tokenized\" only"):
-        validate(build_job_config(["--training.shuffle", "true"]), 1)
 
 
 def test_prepare_data_script(corpus, tmp_path):

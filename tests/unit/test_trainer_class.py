@@ -12,8 +12,9 @@ from harness import BASE, ROOT, run_in_process
 
 from torchtitan_like import preflight
 from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.entry import trainer_class
 from torchtitan_like.tools.ablate import Sweep, Variant, run_sweep
-from torchtitan_like.train import Trainer, trainer_class
+from torchtitan_like.train import Trainer
 from torchtitan_like.validate import parse_args
 
 PLUGIN = ROOT / "tests/plugins/custom_trainer.py"

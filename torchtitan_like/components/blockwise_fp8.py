@@ -24,7 +24,9 @@ Two code paths.
   (``torchao.prototype.blockwise_fp8_training``), whose Triton kernels quantize and whose
   ``torch.nn.functional.scaled_mm`` with the BlockWise1x128/128x128 recipes multiplies. Its
   GEMMs emit bf16 (the only output it supports); ``BlockwiseLinear`` casts the output back to
-  the input's dtype. **Not run yet**: no GPU was lent to this project's sessions.
+  the input's dtype. It trained on an H200 with torch 2.11 (docs/gpu.md); its Triton kernels
+  autotune up to 45 configurations per kernel and shape on the first step (132 s for the debug
+  model there), which the job announces and Triton's cache keeps (components/first_step.py).
 - **Emulated** (CPU always, and any device with ``[float8] emulate = true``):
   ``EmulatedBlockwiseLinear``, the same three GEMMs written with plain torch ops, quantized as
   above (equal, bit for bit, to torchao's own pure-torch reference quantizers:
@@ -65,6 +67,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Partial, Shard
 
+from torchtitan_like.config.derived import float8_enabled
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.logging import logger
 from torchtitan_like.models.moe.experts import GroupedExperts
@@ -308,7 +311,7 @@ def tokens_per_gemm(config: JobConfig, parallel_dims: ParallelDims) -> int:
 def validate(config: JobConfig, parallel_dims: ParallelDims, device_type: str) -> None:
     """ConfigError for what the blockwise recipe cannot run (after ``float8.validate``)."""
     f8 = config.float8
-    if not f8.enable or f8.recipe_name != "blockwise":
+    if not float8_enabled(config) or f8.recipe_name != "blockwise":
         return
     tokens = tokens_per_gemm(config, parallel_dims)
     if tokens % BLOCK:

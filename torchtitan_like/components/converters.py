@@ -9,10 +9,11 @@ Converters are chosen by name, ``[model] converters = ["float8", ...]``, applied
 Each name is registered with ``register_converter(name, build)``; a ``[job] custom_import``
 module registers its own the same way (another numeric format, quantization-aware training).
 Float8 is registered as "float8" and keeps its settings in ``[float8]``; its historical switch
-``[float8] enable = true`` means the same as listing "float8" (appended last when not listed),
-and listing it turns ``enable`` on, so both spellings give one job. "moe_grouped_mm" (the routed
-experts' low-precision grouped GEMMs, components/moe_low_precision.py) likewise follows
-``[float8] moe_grouped_mm``.
+``[float8] enable = true`` means the same as listing "float8" (applied last when not listed),
+so both spellings give one job. "moe_grouped_mm" (the routed experts' low-precision grouped
+GEMMs, components/moe_low_precision.py) likewise follows ``[float8] moe_grouped_mm``. The
+config keeps what the user wrote: the list applied is derived (config/derived.py,
+``model_converters``; ``float8_enabled`` for either spelling).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from torch import nn
 
+from torchtitan_like.config.derived import model_converters
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.manager import did_you_mean
 
@@ -72,34 +74,22 @@ def register_converter(name: str, build: ConverterBuilder) -> None:
     _REGISTRY[name] = build
 
 
-def resolve_converters(config: JobConfig) -> None:
-    """Check every name of ``[model] converters`` is registered and map the float8 switch
-    (module docstring): afterwards ``"float8" in converters`` iff ``[float8] enable``."""
-    for name in config.model.converters:
+def check_converters(config: JobConfig) -> None:
+    """ConfigError unless every name of ``[model] converters`` is registered, once, and
+    "moe_grouped_mm" is listed only with its recipe (``[float8] moe_grouped_mm``)."""
+    listed = config.model.converters
+    for name in listed:
         if name not in _REGISTRY:
             raise ConfigError(
                 f"[model] converters: unknown converter {name!r}; registered: "
                 f"{', '.join(sorted(_REGISTRY))}" + did_you_mean(name, _REGISTRY)
                 + " (a converter of your own is registered by a module named in [job] "
                 "custom_import, with components/converters.py's register_converter)")
-    if len(set(config.model.converters)) != len(config.model.converters):
-        raise ConfigError(f"[model] converters lists a converter twice: {config.model.converters}")
-    if "float8" in config.model.converters:
-        config.float8.enable = True
-    elif config.float8.enable:
-        config.model.converters.append("float8")
-    _resolve_moe_grouped_mm(config)
-
-
-def _resolve_moe_grouped_mm(config: JobConfig) -> None:
-    """``[float8] moe_grouped_mm`` other than "none" means the converter "moe_grouped_mm"
-    (appended when not listed); listing it needs the recipe, which only the field names."""
-    listed = "moe_grouped_mm" in config.model.converters
-    if listed and config.float8.moe_grouped_mm == "none":
+    if len(set(listed)) != len(listed):
+        raise ConfigError(f"[model] converters lists a converter twice: {listed}")
+    if "moe_grouped_mm" in listed and config.float8.moe_grouped_mm == "none":
         raise ConfigError('[model] converters lists "moe_grouped_mm": choose its recipe with '
                           '[float8] moe_grouped_mm = "mxfp8" or "float8_rowwise"')
-    if not listed and config.float8.moe_grouped_mm != "none":
-        config.model.converters.append("moe_grouped_mm")
 
 
 def _build_float8(config: JobConfig, parallel_dims: ParallelDims,
@@ -125,6 +115,6 @@ register_converter("moe_grouped_mm", _build_moe_grouped_mm)
 
 def build_converters(config: JobConfig, parallel_dims: ParallelDims,
                      device_type: str) -> ModelConverters:
-    """The converters of a validated config (``resolve_converters`` ran), in order."""
+    """The converters of a validated config (``check_converters`` passed), in order."""
     return ModelConverters([_REGISTRY[name](config, parallel_dims, device_type)
-                            for name in config.model.converters])
+                            for name in model_converters(config)])

@@ -80,9 +80,10 @@ def rowwise_unsupported_reason(capability: tuple[int, int]) -> str | None:
             f"capability {have}, not {capability[0]}.{capability[1]}")
 
 
-def validate(config: Float8Config, device_type: str) -> None:
-    """Refuse flag combinations torchao cannot run, and GPUs without float8 matmuls."""
-    if not config.enable:
+def validate(config: Float8Config, enabled: bool, device_type: str) -> None:
+    """Refuse flag combinations torchao cannot run, and GPUs without float8 matmuls, when float8
+    is ``enabled`` (config/derived.py, ``float8_enabled``)."""
+    if not enabled:
         return
     if config.enable_fsdp_float8_all_gather and config.recipe_name != "tensorwise":
         raise ConfigError(
@@ -90,11 +91,6 @@ def validate(config: Float8Config, device_type: str) -> None:
             f'"{config.recipe_name}": torchao casts each weight shard with one scale for the '
             "whole weight before the all-gather, which row-wise scales do not allow. Set "
             "enable_fsdp_float8_all_gather = false or use the tensorwise recipe"
-        )
-    if config.precompute_float8_dynamic_scale_for_fsdp and not config.enable_fsdp_float8_all_gather:
-        raise ConfigError(
-            "[float8] precompute_float8_dynamic_scale_for_fsdp precomputes the scales of the "
-            "float8 all-gather: set enable_fsdp_float8_all_gather = true as well, or turn it off"
         )
     if device_type == "cuda" and not torch.version.hip:  # ROCm: _scaled_mm checks the GPU itself
         index = int(os.environ.get("LOCAL_RANK", 0))
@@ -104,8 +100,8 @@ def validate(config: Float8Config, device_type: str) -> None:
 
 
 def check_cuda_capability(config: Float8Config, gpu: str, capability: tuple[int, int]) -> None:
-    """ConfigError when real float8 matmuls are asked of a GPU older than SM 8.9."""
-    if config.enable and not config.emulate and tuple(capability) < MIN_CUDA_CAPABILITY:
+    """ConfigError when real float8 matmuls (float8 on) are asked of a GPU older than SM 8.9."""
+    if not config.emulate and tuple(capability) < MIN_CUDA_CAPABILITY:
         need = ".".join(map(str, MIN_CUDA_CAPABILITY))
         raise ConfigError(
             f"[float8] enable: float8 matmuls need CUDA compute capability >= {need} (Ada, "
@@ -113,7 +109,7 @@ def check_cuda_capability(config: Float8Config, gpu: str, capability: tuple[int,
             "Set [float8] emulate = true to check float8 numerics here (no speed-up), or "
             "[float8] enable = false"
         )
-    if config.enable and not config.emulate and config.recipe_name.startswith("rowwise") and (
+    if not config.emulate and config.recipe_name.startswith("rowwise") and (
             reason := rowwise_unsupported_reason(capability)):
         raise ConfigError(f'[float8] recipe_name = "{config.recipe_name}": {reason} ({gpu}); '
                           'use recipe_name = "tensorwise" or emulate = true')
@@ -181,10 +177,7 @@ class Float8Converter:
                  compile_enabled: bool):
         from torchao.float8 import Float8LinearConfig
 
-        fsdp = parallel_dims.fsdp_enabled
-        if config.enable_fsdp_float8_all_gather and not fsdp:
-            logger.warning("[float8] enable_fsdp_float8_all_gather and precompute have no effect "
-                           "without FSDP (one data-parallel rank): weights stay in bf16/fp32")
+        fsdp = parallel_dims.fsdp_enabled  # without: the all-gather is a setting without effect
         if device_type == "cuda" and not compile_enabled and not config.emulate:
             logger.warning("[float8] without [compile] enable the float8 casts run unfused and "
                            "float8 is usually slower than bf16; enable torch.compile")

@@ -20,6 +20,7 @@ import torch
 
 from torchtitan_like.components.data.tokenizer import Tokenizer, build_tokenizer
 from torchtitan_like.components.hf_checkpoint import model_from_checkpoint, save_hf
+from torchtitan_like.components.storage import writing
 from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
@@ -105,13 +106,10 @@ def export_checkpoint(spec: ModelSpec, checkpoint: Path, folder: Path, tokenizer
 
 
 def validate_hf_export(config: JobConfig) -> None:
-    """``[checkpoint] last_save_in_hf`` needs a last save to convert and an HF adapter."""
-    c = config.checkpoint
-    if not c.last_save_in_hf:
+    """``[checkpoint] last_save_in_hf`` needs an HF adapter and the tokenizers package (without
+    ``[checkpoint] enable`` there is no last save: a setting without effect)."""
+    if not exports_last_save(config):
         return
-    if not c.enable:
-        raise ConfigError("[checkpoint] last_save_in_hf needs [checkpoint] enable = true (the "
-                          "HuggingFace folder is converted from the last save)")
     if get_model_spec(config.model.name).hf_adapter is None:
         raise ConfigError(f"[checkpoint] last_save_in_hf: model {config.model.name!r} has no "
                           "HuggingFace adapter (ModelSpec.hf_adapter)")
@@ -120,11 +118,20 @@ def validate_hf_export(config: JobConfig) -> None:
                           "`tokenizers` package: pip install -e '.[hf]'")
 
 
+def exports_last_save(config: JobConfig) -> bool:
+    """The job writes its last save as a HuggingFace folder too: last_save_in_hf, with a last
+    save to convert (``[checkpoint] enable``)."""
+    return config.checkpoint.enable and config.checkpoint.last_save_in_hf
+
+
 def export_last_save(config: JobConfig, checkpoint_folder: Path, step: int) -> Path:
     """``[checkpoint] last_save_in_hf``: the complete last save step-N as step-N-hf (one
-    process reads the DCP files, whatever layout wrote them)."""
+    process reads the DCP files, whatever layout wrote them, checking their checksums; the
+    safetensors carry their own)."""
     folder = checkpoint_folder / f"step-{step}-hf"
-    export_checkpoint(get_model_spec(config.model.name), checkpoint_folder / f"step-{step}",
-                      folder, config.model.tokenizer_path, DTYPES[config.checkpoint.export_dtype])
+    with writing("the HuggingFace export", folder):  # a full disk: one line, exit 4
+        export_checkpoint(get_model_spec(config.model.name), checkpoint_folder / f"step-{step}",
+                          folder, config.model.tokenizer_path,
+                          DTYPES[config.checkpoint.export_dtype])
     logger.info(f"checkpoint step {step}: HuggingFace folder written to {folder}")
     return folder

@@ -12,6 +12,8 @@ CPU memory with ``components/memory.py`` (MemTracker) instead.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -45,7 +47,8 @@ def validate(config: ProfilingConfig, device_type: str) -> None:
 
 
 class Profiler:
-    """Call ``step(step)`` once after every training step; ``close()`` at the end."""
+    """Call ``step(step)`` once after every training step (or run each in ``stepping``);
+    ``close()`` at the end."""
 
     def __init__(self, config: ProfilingConfig, dump_folder: str, rank: int,
                  device: torch.device, start_step: int = 0):
@@ -96,6 +99,15 @@ class Profiler:
             torch.cuda.memory._dump_snapshot(str(path))
             if self.rank == 0:
                 logger.info(f"CUDA memory snapshot written to {folder}")
+
+    @contextlib.contextmanager
+    def stepping(self, step: int) -> Iterator[None]:
+        """Around the attempt of step ``step``: ``step`` after it, however it ended (a step the
+        replica groups dropped is a traced step too)."""
+        try:
+            yield
+        finally:
+            self.step(step)
 
     def close(self) -> None:
         if self.profiler is not None:

@@ -11,15 +11,21 @@ models per layout).
 
 from __future__ import annotations
 
+import json
+
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.distributed.fsdp import FSDPModule
 
+from torchtitan_like.config.derived import float8_enabled
 from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.config.job_config import JobConfig
+from torchtitan_like.config.switches import Built, without_effect
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.distributed.plan_check import _compiled
+from torchtitan_like.distributed.tensor_parallel import async_tp_on
 from torchtitan_like.distributed.utils import local_numel
+from torchtitan_like.models.registry import overridden_max_seq_len
 
 ADAM_STATES = 2
 """AdamW and Adam keep two moments per parameter, in the master dtype."""
@@ -42,7 +48,7 @@ def _parallel_lines(config: JobConfig, dims: ParallelDims, parts: list[nn.Module
         "TP: off" if not dims.tp_enabled else (
             f"TP {dims.tp}: sequence parallel, loss parallel "
             f"{'on' if dims.loss_parallel_enabled else 'off'}, async TP "
-            f"{'on' if p.enable_async_tensor_parallel else 'off'}"),
+            f"{'on' if async_tp_on(config) else 'off'}"),
         "FSDP: off" if not dims.fsdp_enabled else (
             f"{'HSDP' if dims.dp_replicate > 1 else 'FSDP'}: {fsdp_units} units, shards over "
             f"{dims.dp_shard * dims.cp} ranks, reshard after forward "
@@ -93,3 +99,20 @@ def describe_run(config: JobConfig, dims: ParallelDims, parts: list[nn.Module], 
         f"({config.training.dtype}); activations on top (ttl-plan estimates the peak)",
     ]
     return f"run: {config.job.description}\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def settings_without_effect(config: JobConfig, dims: ParallelDims) -> str | None:
+    """The one warning line after the summary: every setting whose parent switch is off
+    (config/switches.py), and a ``[model] overrides.max_seq_len`` above ``[training] seq_len``
+    (models/registry.py); None when there is none."""
+    built = Built(world_size=dims.world_size, fsdp=dims.fsdp_enabled, float8=float8_enabled(config))
+    items = [f"[{section}] {name} = {json.dumps(value)} ({parent} is off)"
+             for section, name, value, parent in without_effect(config, built)]
+    rows, seq_len = overridden_max_seq_len(config), config.training.seq_len
+    if rows is not None and rows > seq_len:
+        items.append(f"[model] overrides.max_seq_len = {rows} (the RoPE table is [training] "
+                     f"seq_len = {seq_len} long)")
+    if not items:
+        return None
+    return (f"{len(items)} setting(s) without effect, kept for a sweep that turns their switch "
+            "on: " + "; ".join(items))

@@ -36,7 +36,6 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import Spike as SpikeConfig
 from torchtitan_like.logging import logger
 
@@ -47,17 +46,6 @@ MIN_LOG_SPREAD = 0.02
 """Floor of the robust spread of the logs (2% noise): a flat curve's ripples are no spikes."""
 
 SIGNALS = ("loss", "grad_norm")
-
-
-def validate_spike(config: SpikeConfig) -> None:
-    """A ``[spike]`` field set where the policy never reads it."""
-    default = SpikeConfig()
-    if config.policy == "off" and (config.factor, config.window) != (default.factor,
-                                                                       default.window):
-        raise ConfigError('[spike] factor / window are set, but policy = "off" checks nothing')
-    if config.policy != "stop" and config.max_consecutive != default.max_consecutive:
-        raise ConfigError(f"[spike] max_consecutive = {config.max_consecutive} counts spikes for "
-                          f'policy = "stop" only (policy = "{config.policy}")')
 
 
 class TrainingDiverged(RuntimeError):

@@ -31,6 +31,7 @@ from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.config.paths import launch_dir, resolve_paths, user_imports, user_path
 from torchtitan_like.config.ranges import out_of_range
+from torchtitan_like.config.switches import PARENTS
 from torchtitan_like.config.torchtitan_keys import torchtitan_hint, value_hint
 
 if sys.version_info >= (3, 11):
@@ -426,6 +427,12 @@ def to_toml(config: JobConfig) -> str:
     return "\n".join(out)
 
 
+def documented(section: str, name: str, doc: str) -> str:
+    """A field's doc, with the parent switch it acts under (config/switches.py)."""
+    parent = PARENTS.get((section, name))
+    return doc if parent is None else f"{doc} Acts only with {parent.label}."
+
+
 def help_text() -> str:
     """Every field with its type, default and doc, grouped by section."""
     lines = [
@@ -446,7 +453,7 @@ def help_text() -> str:
         for f in dataclasses.fields(cls):
             default = _toml_value(getattr(getattr(defaults, section), f.name))
             lines.append(f"  --{section}.{f.name}  ({type_name(hints[f.name])}, default {default})")
-            lines.append(f"      {docs.get(f.name, '')}")
+            lines.append(f"      {documented(section, f.name, docs.get(f.name, ''))}")
     return "\n".join(lines)
 
 
@@ -463,7 +470,8 @@ def reference_markdown() -> str:
         for f in dataclasses.fields(cls):
             default = _toml_value(getattr(getattr(defaults, section), f.name))
             kind = type_name(hints[f.name]).replace("|", "\\|")
-            out.append(f"| `{f.name}` | {kind} | `{default}` | {docs.get(f.name, '')} |")
+            meaning = documented(section, f.name, docs.get(f.name, "")).replace("|", "\\|")
+            out.append(f"| `{f.name}` | {kind} | `{default}` | {meaning} |")
         out.append("")
     return "\n".join(out)
 

@@ -80,9 +80,10 @@ def _holds_eager_part(module: nn.Module, experts: Collection[nn.Module]) -> bool
 def _compile_around(module: nn.Module, experts: Collection[nn.Module]) -> None:
     """Compile each child of ``module`` (whose own forward stays eager) that is not one of
     ``experts``: a local TP region without experts inside its hooks, others whole if they
-    hold no eager part, else around it in turn. A torch.nn layer (an RMSNorm: one ATen op,
-    nothing to fuse) stays eager: dynamo does not start a frame inside torch's own files,
-    and ``fullgraph`` would refuse the empty result."""
+    hold no eager part, else around it in turn. A torch.nn layer stays eager: dynamo does not
+    start a frame inside torch's own files, and ``fullgraph`` would refuse the empty result;
+    so does an RMSNorm (models/norm.py: one fused kernel, nothing to fuse), which compiled
+    alone would add one recompilation per instance (dynamo guards on the module)."""
     for child in module.children():
         if child in experts:
             continue
@@ -90,7 +91,8 @@ def _compile_around(module: nn.Module, experts: Collection[nn.Module]) -> None:
             child.forward = torch.compile(child.forward, fullgraph=True)
         elif _holds_eager_part(child, experts):
             _compile_around(child, experts)
-        elif not type(child).forward.__module__.startswith("torch."):
+        elif not (type(child).forward.__module__.startswith("torch.")
+                  or isinstance(child, nn.RMSNorm)):
             child.compile(fullgraph=True)
 
 
@@ -101,11 +103,21 @@ def maybe_compile_loss(loss_fn: Callable, config: Compile) -> Callable:
 
 
 def set_inductor_cache(config: Compile, meshes: Meshes) -> None:
-    """Point inductor at a persistent cache folder, so repeat runs skip most compilation, and
-    keep one rank from loading code compiled for another rank's process groups.
+    """Point inductor and Triton at persistent cache folders, keep Triton's autotuning results
+    there, and keep one rank from loading code compiled for another rank's process groups.
 
-    The folder is assigned, not defaulted: importing inductor already set the variable to its
-    default folder, and inductor reads it again at each cache access.
+    Folders: ``[compile] cache_dir`` holds inductor's cache and ``<cache_dir>/triton`` Triton's
+    (torchao's blockwise and grouped-GEMM kernels compile there too); empty keeps torch's and
+    Triton's defaults (``kernel_cache_dirs``). They are assigned, not defaulted: importing
+    inductor already set its variable, and both libraries read them again at each access.
+    This runs whether or not ``[compile]`` is on: the fused bf16-moment step and torchao's
+    Triton kernels compile without it (components/first_step.py announces them).
+
+    ``TRITON_CACHE_AUTOTUNING=1`` (unless set) makes Triton's autotuner store its choice per
+    kernel and shape in its cache, so a rerun benchmarks nothing: torchao's blockwise FP8
+    kernels try up to 45 configurations for every kernel and shape (132 s at step 1 of the
+    debug model on an H200). Triton reads it when a kernel is defined, i.e. when torchao's
+    kernel modules are imported, which happens after this (the converters import them).
 
     Compiled code bakes in the names of the process groups its collectives use (e.g. the loss
     on vocab-sharded DTensor logits under loss parallel). torch 2.13 keys the AOTAutograd cache
@@ -115,10 +127,22 @@ def set_inductor_cache(config: Compile, meshes: Meshes) -> None:
     the cache key with this rank's group names keeps entries apart exactly when those differ;
     the names are assigned in creation order, so a rerun of the same layout still hits.
     """
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
+    if config.cache_dir:
+        root = os.path.abspath(config.cache_dir)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = root
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(root, "triton")
     if not config.enable:
         return
-    if config.cache_dir:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.abspath(config.cache_dir)
     groups = ",".join(group.group_name for group in meshes.dense.get_all_groups())
     user_tag = os.environ.get("TORCH_COMPILE_CACHE_KEY_TAG", "")
     torch.compiler.config.cache_key_tag = f"{user_tag}|process_groups={groups}"
+
+
+def kernel_cache_dirs() -> tuple[str, str]:
+    """(inductor's, Triton's) cache folder as this process will use them."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    triton = os.environ.get("TRITON_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".triton", "cache")
+    return cache_dir(), triton

@@ -4,19 +4,22 @@ Under ``enable`` the data-parallel replicate dimension becomes *replica groups*:
 its own torchrun job (``dp_replicate = 1`` inside, every other dimension as usual) and rank r
 of every group meets rank r of the others in torchft's managed process group, reconfigured at
 every step by a quorum that the lighthouse (``TORCHFT_LIGHTHOUSE``) forms of the groups alive.
-One step of a group, as the trainer calls it:
+One step of a group lives in the objects it concerns; the trainer's loop never branches on it:
 
-1. ``start_step``: the quorum. A group behind the others (restarted after a failure) first
-   *heals*: it receives model, optimizer, LR schedule, train state (step, RNG) and data
-   position from a live peer over the managed process group (torchft's PGTransport, straight
-   into its own tensors) instead of reading storage;
+1. ``quorum``, the context around the step: first the quorum (``start_step``). A group behind
+   the others (restarted after a failure) *heals* there: it receives model, optimizer, LR
+   schedule, train state (step, RNG) and data position from a live peer over the managed
+   process group (torchft's PGTransport, straight into its own tensors) instead of reading
+   storage, and then attempts the step after its peer's;
 2. ``sum_over_groups``: the step's labelled tokens summed over the participating groups, the
    loss normaliser, so that the groups' gradients *add up* to the gradient of their joint
    global batch (as HSDP's do);
 3. ``reduce_gradients``: after backward, the gradient shards (and the loss share) summed over
    the participating groups in one flat all-reduce per dtype;
-4. ``should_commit``: the optimizer steps only when every rank of the group saw every
-   collective succeed; an uncommitted step is dropped and the next batch retried in its place.
+4. ``commit``, the first gate of the optimizer step (components/optimizer.py): the optimizer
+   steps only when every rank of the group saw every collective succeed. Otherwise it raises
+   ``StepDropped``, which ends the step in ``quorum`` (its record logged): the step is not
+   counted, and the next batch retries it.
 
 A failed collective (a peer died) leaves the gradients as they were and the step uncommitted;
 the next quorum forms without the dead group once the lighthouse misses its heartbeats.
@@ -37,12 +40,13 @@ folder lock).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.util
 import os
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,12 +67,7 @@ EXTRA_HINT = "pip install -e '.[ft]'"
 def validate(config: JobConfig, device_type: str) -> None:
     """ConfigError for a ``[fault_tolerance]`` section that cannot run (one line each)."""
     ft = config.fault_tolerance
-    if not ft.enable:
-        changed = [f for f in ("replica_id", "group_size", "min_replica_size")
-                   if getattr(ft, f) != getattr(type(ft)(), f)]
-        if changed:
-            raise ConfigError(f"[fault_tolerance] {changed[0]} is set but enable = false: set "
-                              "[fault_tolerance] enable = true, or leave it out")
+    if not ft.enable:  # its fields are then settings without effect (config/switches.py)
         return
     if importlib.util.find_spec("torchft") is None:
         raise ConfigError(f"[fault_tolerance] enable needs torchft (the ft extra): {EXTRA_HINT}")
@@ -158,12 +157,31 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return local.detach()
 
 
+class StepDropped(Exception):
+    """A replica group failed in this step: no update, and the step is not counted (raised by
+    the commit gate of the optimizer step, caught by ``quorum``)."""
+
+
 class SingleGroup:
     """The job without fault tolerance: one group, every step committed, nothing reduced."""
 
     participants = 1
     committed = True
     saves_checkpoints = True
+
+    @contextlib.contextmanager
+    def quorum(self, next_step: Callable[[], int],
+               log_event: Callable[[dict[str, Any]], None]) -> Iterator[int]:
+        """Around the attempt of a step: its quorum first (``start_step``: a group behind heals
+        here, its step count replaced by a peer's), then the number of the step to attempt
+        (``next_step()``, read after healing); a step the groups failed (``StepDropped``) ends
+        here, uncounted, its record written through ``log_event``."""
+        self.start_step()
+        step = next_step()
+        try:
+            yield step
+        except StepDropped:
+            log_event({"step": step, **self.record()})
 
     def start_step(self) -> bool:
         """Ready a step; True when this group's state was replaced (healed) by a peer's."""
@@ -176,7 +194,8 @@ class SingleGroup:
         """Sum gradients and the loss share over the groups; returns the summed loss share."""
         return loss
 
-    def should_commit(self) -> bool:
+    def commit(self) -> bool:
+        """The optimizer step's gate: True, or ``StepDropped`` when a group failed the step."""
         return True
 
     def record(self) -> dict[str, Any]:
@@ -324,9 +343,13 @@ class ReplicaGroups(SingleGroup):
             for tensor, summed in zip(group, _unflatten_dense_tensors(flat, group), strict=True):
                 tensor.copy_(summed)
 
-    def should_commit(self) -> bool:
+    def commit(self) -> bool:
+        """torchft's ``should_commit``: every rank of this group saw every collective of the
+        step succeed (a collective of the group's ranks)."""
         self.committed = self.manager.should_commit()
-        return self.committed
+        if not self.committed:
+            raise StepDropped(f"replica group {self.replica_id}: step not committed")
+        return True
 
     def record(self) -> dict[str, Any]:
         return {"participants": self.participants, "committed": self.committed,

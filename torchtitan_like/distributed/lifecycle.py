@@ -125,6 +125,22 @@ def record_failure(code: int, line: str) -> None:
                                                 "timestamp": int(failure.time)}))
 
 
+STOPPING = "stopping"
+"""The file the launcher writes into the failures folder before it stops its workers on a
+signal (Ctrl-C): a rank failing from then on (a peer interrupted first, a lost connection) is
+part of the stop, not a cause, and says nothing (failure_report.py)."""
+
+
+def mark_stopping(folder: Path) -> None:
+    (folder / STOPPING).touch()
+
+
+def job_stopping() -> bool:
+    """Whether this worker's launcher is stopping the job on a signal (``mark_stopping``)."""
+    folder = os.environ.get(FAILURES_ENV)
+    return bool(folder) and (Path(folder) / STOPPING).exists()
+
+
 def read_failures(folder: Path, attempt: int) -> list[Failure]:
     """The failure records of one attempt (restart) of the job, earliest first."""
     failures = []

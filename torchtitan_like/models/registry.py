@@ -156,11 +156,28 @@ def apply_overrides(args: BaseModelArgs, overrides: Mapping[str, Any]) -> BaseMo
     return _replace_fields(args, _paths(overrides), "overrides")
 
 
+def overridden_max_seq_len(job_config: JobConfig) -> int | None:
+    """``[model] overrides.max_seq_len``, if set. The trainer sizes the RoPE table to
+    ``[training] seq_len`` whatever the flavor says (``update_from_config``: context
+    parallelism shards the table beside the tokens, an HF export names it
+    max_position_embeddings), so an override below seq_len contradicts the data (refused by
+    ``model_spec_and_args``) and one above it is a setting without effect (named at start-up,
+    components/run_summary.py)."""
+    value = job_config.model.overrides.get("max_seq_len")
+    return None if value is None else int(value)
+
+
 def model_spec_and_args(job_config: JobConfig) -> tuple[ModelSpec, BaseModelArgs]:
     """The job's model spec and its flavor's args with ``[model] overrides`` applied, updated
     for the job: what the trainer, the planner and every other caller builds."""
     spec = get_model_spec(job_config.model.name)
     args = apply_overrides(get_model_args(spec, job_config.model.flavor),
                            job_config.model.overrides)
+    rows, seq_len = overridden_max_seq_len(job_config), job_config.training.seq_len
+    if rows is not None and rows < seq_len:
+        raise ConfigError(f"[model] overrides.max_seq_len = {rows} is below [training] seq_len "
+                          f"= {seq_len}: the model would have no position for the sequence's "
+                          "last tokens; the RoPE table is always seq_len long, remove the "
+                          "override")
     args.update_from_config(job_config)
     return spec, args

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
+
+from torchtitan_like.launch import torchrun_argv, worker_env
 
 
 def launch_bench(script: str, nproc: int, cases: dict[str, list[str]], *, steps: int,
@@ -22,13 +23,8 @@ def launch_bench(script: str, nproc: int, cases: dict[str, list[str]], *, steps:
     ``cases`` (name -> trainer overrides); the merged results its rank 0 printed."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"cases": cases, "steps": steps, "warmup": warmup}, f)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone",
-         f"--nproc_per_node={nproc}", script, "--worker", f.name],
-        env=env, capture_output=True, text=True,
-    )
+    proc = subprocess.run(torchrun_argv(nproc, script, "--worker", f.name), env=worker_env(),
+                          capture_output=True, text=True)
     if proc.returncode:
         sys.exit(f"benchmark launch failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     lines = [line[6:] for line in proc.stdout.splitlines() if line.startswith("BENCH ")]

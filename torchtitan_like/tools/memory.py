@@ -26,6 +26,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from torchtitan_like.components.memory import by_category
 from torchtitan_like.distributed.lifecycle import exit_process
+from torchtitan_like.launch import torchrun_argv, worker_env
 from torchtitan_like.train import Trainer
 
 
@@ -96,18 +97,15 @@ def measure_cases(cases: dict[str, tuple[int, list[str]]],
     overrides)}; one torchrun launch per process count. Ranks differ under PP (each holds its
     own stage). The workers run the package this interpreter imports (no checkout needed).
     Raises RuntimeError with the end of the launch's output on failure."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore",
-           "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1", "OMP_NUM_THREADS": "1"}
     measured: dict[str, list[int]] = {}
     for nproc in sorted({n for n, _ in cases.values()}):
         batch = {name: [*overrides, "--job.dump_folder", str(workdir / f"case{i}")]
                  for i, (name, (n, overrides)) in enumerate(cases.items()) if n == nproc}
         cases_file, out = workdir / f"cases_{nproc}.json", workdir / f"measured_{nproc}.json"
         cases_file.write_text(json.dumps(batch))
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                               f"--nproc_per_node={nproc}", "-m", "torchtitan_like.tools.memory",
-                               str(cases_file), str(out)],
-                              env=env, capture_output=True, text=True)
+        proc = subprocess.run(torchrun_argv(nproc, "-m", "torchtitan_like.tools.memory",
+                                            str(cases_file), str(out)),
+                              env=worker_env(), capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"measuring {list(batch)} on {nproc} processes failed:\n"
                                f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")

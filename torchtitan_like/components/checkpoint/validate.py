@@ -13,8 +13,19 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be saved or loaded; the message says why and what to do."""
 
 
+class CheckpointDamaged(CheckpointError):
+    """A checkpoint (``path``) whose files are not what its save wrote (missing, truncated,
+    bytes that fail their checksum): ``[checkpoint] fallback_on_damage`` may resume from an
+    earlier one."""
+
+    def __init__(self, message: str, path: Path | None = None):
+        super().__init__(message)
+        self.path = path
+
+
 def validate_checkpoint(config: JobConfig, world_size: int) -> None:
-    """ConfigError for every [checkpoint] setting that cannot work, before anything starts."""
+    """ConfigError for every [checkpoint] setting that cannot work, before anything starts (a
+    setting whose switch is off is one without effect: config/switches.py)."""
     c = config.checkpoint
 
     def require(ok: bool, message: str) -> None:
@@ -25,18 +36,15 @@ def validate_checkpoint(config: JobConfig, world_size: int) -> None:
     require(c.keep_latest_k >= 0, f"keep_latest_k = {c.keep_latest_k}: must be >= 0 (0 = all)")
     require(c.load_step >= -1, f"load_step = {c.load_step}: must be a step >= 0, or -1 (latest)")
     require(bool(c.folder.strip()), "folder: must not be empty")
-    require(c.export_dtype == "float32" or c.last_save_model_only or c.last_save_in_hf,
-            f"export_dtype = {c.export_dtype} applies to a model-only last save only: set "
-            "last_save_model_only = true, or last_save_in_hf = true for a HuggingFace one (a "
-            "resumable checkpoint keeps the training dtype)")
-    require(c.load_step == -1 or c.enable,
-            f"load_step = {c.load_step} needs enable = true (nothing is loaded otherwise)")
-    if c.create_seed_checkpoint:
-        require(c.enable, "create_seed_checkpoint needs enable = true")
+    require(c.load_step == -1 or not c.enable or not config.job.overwrite
+            or config.fault_tolerance.enable,
+            f"load_step = {c.load_step} resumes a run, but [job] overwrite = true starts a fresh "
+            "one (the folder's checkpoints are archived first): set only one of them")
+    if c.create_seed_checkpoint:  # a different job, not a setting: refused without enable
+        require(c.enable, "create_seed_checkpoint needs enable = true (it saves the initial "
+                "weights and exits; without checkpoints the job would train instead)")
         require(world_size == 1, f"create_seed_checkpoint runs in one process (the seed must "
                 f"not depend on a layout), not {world_size}: run it with NPROC=1")
-    if c.initial_load_in_hf:
-        require(bool(c.initial_load_path), "initial_load_in_hf needs initial_load_path")
     if c.initial_load_path:
         path = Path(c.initial_load_path)
         if c.initial_load_in_hf:

@@ -25,30 +25,9 @@ from torchtitan_like.components.data.tokenized import source_folders
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import Training
 
-READ_BY: dict[str, tuple[str, ...]] = {
-    "dataset_path": ("local", "tokenized"),
-    "dataset_text_field": ("local",),
-    "decode_errors": ("local",),
-    "mixture": ("tokenized",),
-    "shuffle": ("tokenized",),
-    "num_workers": ("tokenized",),
-}
-"""[training] keys that only some datasets read: set for another, they would be ignored."""
-
-
-def check_dataset_switches(training: Training) -> None:
-    """ConfigError for a [training] key set away from its default that the chosen dataset does
-    not read (e.g. a dataset_path beside the default cpython_docs would train on CPython's
-    docs), naming both keys."""
-    defaults = Training()
-    for name, readers in READ_BY.items():
-        value = getattr(training, name)
-        if value != getattr(defaults, name) and training.dataset not in readers:
-            wanted = " or ".join(f'"{r}"' for r in readers)
-            raise ConfigError(
-                f"[training] {name} applies to dataset = {wanted} only; [training] dataset = "
-                f"{training.dataset!r} would ignore {name} = {value!r}: set [training] dataset "
-                f"= {wanted.split(' or ')[0]}, or remove {name}")
+DATA_NAMED_BY: dict[str, tuple[str, ...]] = {"dataset_path": ("local", "tokenized"),
+                                              "mixture": ("tokenized",)}
+"""The [training] keys that name the data, and the datasets that read them."""
 
 
 def _check_file(path: Path, training: Training) -> None:
@@ -78,11 +57,20 @@ def _check_held_out(training: Training) -> None:
 
 
 def check_data(training: Training, validation: bool, vocab_size: int) -> None:
-    """ConfigError unless the dataset can feed the job: no switch it ignores; every source
-    readable with the text field and holding a non-empty document, and (``validation``) a
-    held-out split with a document; a prepared folder consistent with its manifest, its ids
-    below ``vocab_size`` (the tokenizer's)."""
-    check_dataset_switches(training)
+    """ConfigError unless the dataset can feed the job: every source readable with the text
+    field and holding a non-empty document, and (``validation``) a held-out split with a
+    document; a prepared folder consistent with its manifest, its ids below ``vocab_size``
+    (the tokenizer's). A [training] key another dataset reads is a setting without effect
+    (config/switches.py), except the two that name the data: a ``dataset_path`` or ``mixture``
+    the dataset would not read is refused (beside the default ``cpython_docs`` the job would
+    train on CPython's docs, not the data the user named)."""
+    for name, readers in DATA_NAMED_BY.items():
+        if getattr(training, name) and training.dataset not in readers:
+            wanted = " or ".join(f'"{r}"' for r in readers)
+            raise ConfigError(
+                f"[training] {name} names the data to train on, but [training] dataset = "
+                f"{training.dataset!r} does not read it: set [training] dataset = {wanted}, "
+                f"or remove {name}")
     if training.dataset == "tokenized":
         for folder in source_folders(training).values():
             check_prepared_folder(folder, vocab_size, validation)

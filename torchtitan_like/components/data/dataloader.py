@@ -5,6 +5,10 @@ tokenized on the fly (datasets.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from torchtitan_like.components.data.datasets import PackedDataset, Split
@@ -47,3 +51,28 @@ def build_dataloader(
 def data_epoch(loader: StatefulDataLoader | TokenizedLoader) -> int:
     """The pass over the training data the next sample comes from (0 = the first pass)."""
     return loader.epoch if isinstance(loader, TokenizedLoader) else loader.dataset.epoch
+
+
+class StepBatches:
+    """Each step's microbatches, read in order from the trainer's loader, and the loader's
+    position as one state (the checkpoint's ``dataloader``). Loading a state (a resume, or a
+    replica group healing from a peer, distributed/fault_tolerance.py) makes the next step
+    read from there. ``loader`` returns the loader to read, looked up at every (re)start: a
+    loader the trainer was given after it was built is the one read."""
+
+    def __init__(self, loader: Callable[[], Any], microbatches: int):
+        self.loader, self.microbatches = loader, microbatches
+        self._batches: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def next_step(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The next step's (inputs, labels) microbatches."""
+        if self._batches is None:
+            self._batches = iter(self.loader())
+        return [next(self._batches) for _ in range(self.microbatches)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader().state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader().load_state_dict(state)
+        self._batches = None

@@ -42,6 +42,7 @@ from torch import nn
 
 from torchtitan_like.models.attention_masks import AttentionMask
 from torchtitan_like.models.deepseek_v3.args import DeepSeekV3Args
+from torchtitan_like.models.norm import RMSNorm
 from torchtitan_like.protocols.loss import cross_entropy_sum
 
 BlockFactory = Callable[[int, DeepSeekV3Args], nn.Module]
@@ -54,11 +55,11 @@ class MultiTokenPrediction(nn.Module):
 
     def __init__(self, block: nn.Module, args: DeepSeekV3Args):
         super().__init__()
-        self.enorm = nn.RMSNorm(args.dim, eps=args.norm_eps)
-        self.hnorm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.enorm = RMSNorm(args.dim, eps=args.norm_eps)
+        self.hnorm = RMSNorm(args.dim, eps=args.norm_eps)
         self.eh_proj = nn.Linear(2 * args.dim, args.dim, bias=False)
         self.block = block
-        self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.norm = RMSNorm(args.dim, eps=args.norm_eps)
 
     def forward(self, h: torch.Tensor, embedded_next: torch.Tensor, rope: torch.Tensor,
                 mask: AttentionMask = None) -> torch.Tensor:

@@ -41,8 +41,9 @@ class GroupedExperts(nn.Module):
             return _looped_swiglu(x, num_tokens_per_expert, w1, w2, w3)
         if self.token_group_multiple == 1:
             return _grouped_swiglu(x, num_tokens_per_expert, w1, w2, w3)
-        rows, padded_counts = _padded_rows(num_tokens_per_expert, self.token_group_multiple)
-        padded = x.new_zeros(int(padded_counts.sum()), x.shape[1]).index_copy(0, rows, x)
+        rows, padded_counts, total = _padded_rows(num_tokens_per_expert,
+                                                  self.token_group_multiple, x.shape[0])
+        padded = x.new_zeros(total, x.shape[1]).index_copy(0, rows, x)
         return _grouped_swiglu(padded, padded_counts, w1, w2, w3)[rows]
 
     def init_weights(self, init_std: float) -> None:
@@ -62,14 +63,26 @@ def _grouped_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor,
     return torch._grouped_mm(h, w2.transpose(-2, -1), offs=offs).type_as(x)
 
 
-def _padded_rows(counts: torch.Tensor, multiple: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where each row goes when every expert's group is followed by zero rows up to a multiple
-    of ``multiple`` rows, and the padded counts. Zero rows give zero outputs and add nothing to
-    the weight gradients."""
+def _padded_rows(counts: torch.Tensor, multiple: int, tokens: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Where each of the ``tokens`` rows goes when every expert's group is followed by zero rows
+    up to a multiple of ``multiple`` rows, the padded counts, and their total. Zero rows give
+    zero outputs and add nothing to the weight gradients.
+
+    The total is fixed by ``tokens`` alone, ``tokens + E (multiple - 1)`` rounded up to a
+    multiple (the most the padding can take), the last expert taking the rows left over: the
+    padded GEMMs then have one shape every step. torchao's float8 grouped-GEMM kernels key their
+    Triton autotuning on the total token count (the per-group column scales of the weight
+    gradient), so a total that moved with the routing re-ran their autotuning (dozens of
+    configurations) at nearly every step and layer. The extra rows are whole blocks of zeros
+    after the last group's own padding: no scale block changes, so neither does any number.
+    Nothing here reads a count on the host."""
     padded = (counts + multiple - 1) // multiple * multiple
+    total = -(-(tokens + counts.numel() * (multiple - 1)) // multiple) * multiple
+    padded[-1] += total - padded.sum()
     padding_before = torch.cumsum(padded - counts, 0) - (padded - counts)
-    rows = torch.arange(int(counts.sum()), device=counts.device)
-    return rows + torch.repeat_interleave(padding_before, counts), padded
+    rows = torch.arange(tokens, device=counts.device)
+    return rows + torch.repeat_interleave(padding_before, counts, output_size=tokens), padded, total
 
 
 def _looped_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor,

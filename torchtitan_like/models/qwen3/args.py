@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from torchtitan_like.config.derived import float8_enabled
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed.layout_rules import (
     check_moe_tensor_parallel,
@@ -71,7 +72,7 @@ class Qwen3Args(BaseModelArgs):
             raise ConfigError(f"{flavor}: head_dim {self.head_dim} must be even (RoPE rotates "
                               "pairs)")
         if self.moe is not None:
-            check_moe_tensor_parallel(parallel_dims.tp, float8=job_config.float8.enable,
+            check_moe_tensor_parallel(parallel_dims.tp, float8=float8_enabled(job_config),
                                       where=flavor)
         if (self.moe is not None and job_config.checkpoint.initial_load_in_hf
                 and (parallel_dims.fsdp_enabled or parallel_dims.tp > 1)):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from torchtitan_like.components.optimizer import FUSED
+from torchtitan_like.config.derived import float8_enabled, optimizer_state_dtype
 from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.distributed import layout_rules
 from torchtitan_like.distributed.parallel_dims import ParallelDims
@@ -47,10 +49,24 @@ def predict_stage_peaks(config: JobConfig, num_gpus: int, gpu: GPU) -> list[Memo
 
 def _precision(config: JobConfig) -> Precision:
     t = config.training
-    bf16_moments = config.optimizer.state_dtype == "bfloat16"
+    bf16_moments = optimizer_state_dtype(config.optimizer) == "bfloat16"
+    foreach = config.optimizer.implementation == "foreach" and not bf16_moments
     return Precision(master_bytes=DTYPES[t.dtype].itemsize, state_bytes=2 if bf16_moments else 0,
+                     step_temporary=foreach,
+                     fused_optimizer=config.optimizer.implementation in FUSED,
                      compute_bytes=DTYPES[t.mixed_precision_param].itemsize,
                      reduce_bytes=DTYPES[t.mixed_precision_reduce].itemsize)
+
+
+def implied_num_gpus(config: JobConfig) -> int | None:
+    """The GPUs a config's degrees multiply to (replica groups included), or None when
+    ``data_parallel_shard_degree = -1`` leaves the number to the launcher."""
+    p, ft = config.parallelism, config.fault_tolerance
+    if p.data_parallel_shard_degree == -1:
+        return None
+    return (p.pipeline_parallel_degree * p.data_parallel_replicate_degree
+            * p.data_parallel_shard_degree * p.context_parallel_degree
+            * p.tensor_parallel_degree * (ft.group_size if ft.enable else 1))
 
 
 def replica_groups(config: JobConfig, num_gpus: int) -> tuple[int, int]:
@@ -93,7 +109,7 @@ def from_job_config(config: JobConfig, num_gpus: int) -> tuple[ModelShape, Workl
                     reshard_after_forward=reshard,
                     cp_load_balancer=p.context_parallel_load_balancer,
                     cp_rotate_method=p.context_parallel_rotate_method,
-                    compile=compiled, float8=config.float8.enable,
+                    compile=compiled, float8=float8_enabled(config),
                     async_tp=p.enable_async_tensor_parallel, ep=dims.ep)
     workload = Workload(seq_len=t.seq_len, precision=_precision(config),
                         attn_mask_type=config.model.attn_mask_type,
