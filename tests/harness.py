@@ -28,6 +28,7 @@ Tolerances come in three classes, each bound derived, not fitted to one machine:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import random
@@ -114,32 +115,61 @@ def torchrun(nproc: int, *args: str, timeout: int = 600, max_restarts: int | Non
 
 class _RankServer:
     """The session's rank server (rank_server.py: imports torch and the trainer once, forks
-    the ranks of each launch), started at the first launch, ended by EOF at exit."""
+    the ranks of each launch). Started at the first launch, and again when the launches'
+    environment changed (the server's own is what torch read at import: rank_server.py);
+    ended at exit with any launch still running, and with the test process in any case."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
+        self.env: dict[str, str] = {}
+        self.log = None
         self.buffer = b""
+        self.supervisor: int | None = None
+        atexit.register(self.close)
 
     def run(self, nproc: int, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
-        if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen([sys.executable, str(RANK_SERVER)], cwd=ROOT, env=env(),
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-            self.buffer = b""
-            atexit.register(self.proc.stdin.close)
+        launch_env = env()
+        if self.proc is None or self.proc.poll() is not None or \
+                _without_test_name(launch_env) != _without_test_name(self.env):
+            self.close()
+            self.log = tempfile.TemporaryFile()  # noqa: SIM115 (the server's stderr, its life)
+            self.proc = subprocess.Popen([sys.executable, str(RANK_SERVER)], cwd=ROOT,
+                                         env=launch_env, stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=self.log)
+            self.env, self.buffer = launch_env, b""
         with tempfile.TemporaryDirectory() as tmp:
             out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-            request = {"nproc": nproc, "argv": argv, "env": env(), "cwd": str(ROOT),
+            request = {"nproc": nproc, "argv": argv, "env": launch_env, "cwd": str(ROOT),
                        "stdout": str(out), "stderr": str(err)}
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
-            supervisor = self._reply(120)["pid"]
+            self.supervisor = self._reply(120)["pid"]
             try:
                 code = self._reply(timeout)["returncode"]
             except subprocess.TimeoutExpired:
-                os.killpg(supervisor, signal.SIGKILL)
+                self._kill_launch()
                 self._reply(60)
                 raise subprocess.TimeoutExpired(argv, timeout, _read(out), _read(err)) from None
+            finally:
+                self.supervisor = None
             return subprocess.CompletedProcess(argv, code, _read(out), _read(err))
+
+    def close(self) -> None:
+        """End the server (EOF) and any launch of it still running (a test interrupted)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self._kill_launch()
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def _kill_launch(self) -> None:
+        if self.supervisor is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.supervisor, signal.SIGKILL)
 
     def _reply(self, timeout: float) -> dict:
         while b"\n" not in self.buffer:
@@ -147,10 +177,17 @@ class _RankServer:
                 raise subprocess.TimeoutExpired(str(RANK_SERVER), timeout)
             chunk = os.read(self.proc.stdout.fileno(), 4096)
             if not chunk:
-                raise RuntimeError(f"the rank server ended (exit code {self.proc.wait()})")
+                self.log.seek(0)
+                raise RuntimeError(f"the rank server ended (exit code {self.proc.wait()}):\n"
+                                   f"{self.log.read()[-4000:].decode(errors='replace')}")
             self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
         return json.loads(line)
+
+
+def _without_test_name(environ: dict[str, str]) -> dict[str, str]:
+    """An environment but pytest's name of the running test (it changes with every test)."""
+    return {k: v for k, v in environ.items() if k != "PYTEST_CURRENT_TEST"}
 
 
 def _read(path: Path) -> str:
