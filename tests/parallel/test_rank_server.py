@@ -18,9 +18,10 @@ STATE = """
 import os, sys, threading
 import torch
 import torch.distributed as dist
-print("STATE", __name__, sys.path[0] == os.path.dirname(os.path.abspath(__file__)),
-      torch.get_num_threads(), threading.active_count(), dist.is_initialized(),
-      os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ.get("TTL_PROBE"), flush=True)
+state = ("STATE", __name__, sys.path[0] == os.path.dirname(os.path.abspath(__file__)),
+         torch.get_num_threads(), threading.active_count(), dist.is_initialized(),
+         os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ.get("TTL_PROBE"))
+os.write(1, (" ".join(map(str, state)) + "\\n").encode())  # one write: the ranks share stdout
 dist.init_process_group("gloo")
 dist.barrier()
 dist.destroy_process_group()
@@ -34,7 +35,7 @@ dist.barrier()
 if dist.get_rank() == 1:
     os.kill(os.getpid(), signal.SIGKILL)
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-print("CHILD", child.pid, flush=True)
+os.write(1, f"CHILD {child.pid}\\n".encode())
 dist.barrier()  # never completes: rank 1 is gone
 """
 
