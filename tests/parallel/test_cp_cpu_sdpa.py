@@ -13,7 +13,7 @@ kernel call only by rounding: measured <= 2.2e-6, and 1e-5 leaves a margin while
 import json
 
 import pytest
-from harness import ROOT, torchrun
+from harness import ROOT, ranks
 
 TOL = 1e-5  # class (b) on unit-scale values: 84 eps; measured 18 eps
 
@@ -21,7 +21,7 @@ TOL = 1e-5  # class (b) on unit-scale values: 84 eps; measured 18 eps
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("cp_ring") / "results.json"
-    proc = torchrun(4, str(ROOT / "tests" / "parallel" / "cp_ring_worker.py"), str(out))
+    proc = ranks(4, str(ROOT / "tests" / "parallel" / "cp_ring_worker.py"), str(out))
     assert proc.returncode == 0, proc.stderr[-8000:]
     return json.loads(out.read_text())
 

@@ -10,13 +10,13 @@ Tolerances are derived in the worker's ``close``.
 
 from pathlib import Path
 
-from harness import torchrun
+from harness import ranks
 
 WORKER = Path(__file__).parent / "ep_style_worker.py"
 
 
 def test_expert_parallel_matches_one_process():
-    proc = torchrun(2, str(WORKER), timeout=300)
+    proc = ranks(2, str(WORKER), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     checks = [line for line in proc.stdout.splitlines() if line.startswith("CHECK")]
     assert len(checks) == 32 and all(line.endswith(" ok") for line in checks), checks

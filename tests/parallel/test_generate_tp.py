@@ -1,4 +1,4 @@
-"""Tensor-parallel generation (scripts/generate.py --tp 2 under torchrun) gives the tokens of
+"""Tensor-parallel generation (scripts/generate.py --tp 2 on 2 ranks) gives the tokens of
 one process.
 
 TP changes only the order of floating-point sums (the row-wise matmuls' all-reduce), a few
@@ -10,7 +10,7 @@ out of the real positions, which the exact agreement also checks.
 """
 
 import torch
-from harness import torchrun
+from harness import ranks
 
 from torchtitan_like.components.data.tokenizer import ByteTokenizer
 from torchtitan_like.components.hf_checkpoint import save_hf
@@ -39,7 +39,7 @@ def test_tp2_generates_the_tokens_of_one_process(tmp_path):
         top2 = one(torch.tensor([ids + ours[:-1]]))[0, len(ids) - 1:].topk(2).values
     assert (top2[:, 0] - top2[:, 1]).min() > 1e-4
 
-    proc = torchrun(2, "scripts/generate.py", str(tmp_path), "--tp", "2", "--prompt", PROMPT,
+    proc = ranks(2, "scripts/generate.py", str(tmp_path), "--tp", "2", "--prompt", PROMPT,
                     "--max_new_tokens", str(NEW_TOKENS))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.rstrip("\n").endswith(PROMPT + byte.decode(ours))

@@ -13,7 +13,7 @@ and the check that a plan applied what the config asked for (distributed/plan_ch
 from pathlib import Path
 
 import pytest
-from harness import assert_close, build_trainer, job_args, launch, losses, torchrun
+from harness import assert_close, build_trainer, job_args, launch, losses, ranks
 from layouts import TP2, WHOLE
 
 from torchtitan_like.config.errors import ConfigError
@@ -47,8 +47,8 @@ def test_a_plan_skipping_a_switch_is_refused(switch, named, corpus, tmp_path, on
 
 
 def test_a_plan_ignoring_tp_stops_the_job(corpus, tmp_path):
-    proc = torchrun(2, "-m", "torchtitan_like.train",
-                    *job_args([*LAZY, *TP2, *WHOLE], tmp_path, corpus))
+    proc = ranks(2, "-m", "torchtitan_like.train",
+                 *job_args([*LAZY, *TP2, *WHOLE], tmp_path, corpus))
     assert proc.returncode != 0
     assert ("config error: model 'llama3_lazy_plan': its parallelize_fn (ModelSpec) did not "
             "apply tensor parallelism to") in proc.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from harness import torchrun_argv
+from harness import ranks
 from torch.distributed.checkpoint.staging import StagingOptions
 
 from torchtitan_like.components.checkpoint import CheckpointError
@@ -228,8 +228,7 @@ def test_mesh_subgroups_follow_the_world_timeout(tmp_path):
     group must wait no longer than the world group (one 2-process launch)."""
     worker = tmp_path / "worker.py"
     worker.write_text(TIMEOUT_WORKER)
-    done = subprocess.run(torchrun_argv(2, str(worker)), capture_output=True, text=True,
-                          timeout=300)
+    done = ranks(2, str(worker), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
 
 

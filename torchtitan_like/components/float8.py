@@ -38,7 +38,10 @@ instead of one small all-reduce per weight in the next forward.
 Hardware. Float8 matmuls need CUDA compute capability 8.9 or newer (Ada, Hopper, Blackwell);
 ``emulate = true`` replaces them by high-precision matmuls of the float8-rounded operands and
 runs anywhere, for numerics tests. On a CPU both modes run: torch's CPU ``_scaled_mm`` takes
-real float8 operands, measured here at the speed of emulation (neither is faster than bf16).
+real float8 operands, at the speed of emulation with per-row scales (neither is faster than
+bf16); with one scale per tensor it is oneDNN's reference kernel, ~700x slower, which the
+row-wise recipes avoid here (``cpu_row_wise_gradient_gemms``) and the tensorwise recipe
+cannot (use ``emulate = true`` on a CPU).
 """
 
 from __future__ import annotations
@@ -147,6 +150,26 @@ def select_linears(model: nn.Module, filter_fqns: list[str], tp: int = 1) -> Flo
     return selection
 
 
+def cpu_row_wise_gradient_gemms(config: Float8Config, device_type: str) -> dict:
+    """On a CPU, torch's per-row ``_scaled_mm`` for the row-wise recipes' gradient GEMMs too.
+
+    torchao runs a row-wise GEMM without fast accumulation (its gradient GEMMs) as a
+    per-tensor ``_scaled_mm`` with unit scales, then multiplies by the row scales: on CUDA
+    because the per-row CUTLASS kernel is slow without fast accumulation. On a CPU the
+    per-tensor float8 GEMM is oneDNN's reference kernel (``ref:any``, 0.06 GFLOP/s on a
+    2-core Xeon; the per-row one 47), so a row-wise step took 16 s instead of 0.3. Asking
+    for fast accumulation routes these GEMMs to the per-row kernel, which ignores the flag on
+    a CPU (measured bitwise equal either way); the numbers stay those of the post-scaled
+    product up to the order of the fp32 sums, because the row-wise scales are powers of two
+    (multiplying a bf16 value by one is exact)."""
+    if device_type != "cpu" or not config.recipe_name.startswith("rowwise"):
+        return {}
+    from torchao.float8.config import Float8GemmConfig
+
+    fast = Float8GemmConfig(use_fast_accum=True)
+    return {"gemm_config_grad_input": fast, "gemm_config_grad_weight": fast}
+
+
 class Float8Converter:
     """Model converter (components/converters.py): float8 linears, FSDP scale precompute."""
 
@@ -171,6 +194,7 @@ class Float8Converter:
             Float8LinearConfig.from_recipe_name(config.recipe_name),
             emulate=config.emulate,
             enable_fsdp_float8_all_gather=self.all_gather,
+            **cpu_row_wise_gradient_gemms(config, device_type),
         )
 
     def convert(self, model: nn.Module) -> None:
