@@ -240,13 +240,11 @@ class Trainer:
         """One loaded microbatch (on the CPU), as the step will use it; the default keeps it."""
         return inputs, labels
 
-    def model_inputs(self, inputs: torch.Tensor, labels: torch.Tensor
-                     ) -> dict[str, torch.Tensor]:
+    def model_inputs(self, inputs: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
         """The model's keyword inputs beside the tokens, passed to every pipeline stage: those
         ``ModelSpec.stage_inputs`` declares, and the document ids under ``[model]
         attn_mask_type = "block_causal"`` (models/stage_inputs.py)."""
-        return stage_inputs.batch_inputs(self.stage_inputs, inputs, labels,
-                                         self.tokenizer.eos_id)
+        return stage_inputs.batch_inputs(self.stage_inputs, inputs, labels, self.tokenizer.eos_id)
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor,
                          global_tokens: torch.Tensor) -> torch.Tensor:
