@@ -39,6 +39,7 @@ from torchtitan_like.tools.planner import (
 )
 from torchtitan_like.tools.planner.failures import FailureInputs, failure_cost, failure_lines
 from torchtitan_like.tools.planner.from_config import implied_num_gpus
+from torchtitan_like.tools.planner.optimizer import state_bytes_per_parameter
 from torchtitan_like.tools.planner.step_time import ASYNC_TP
 from torchtitan_like.tools.planner.uncertainty import expected_band, least_certain, memory_band
 
@@ -296,10 +297,11 @@ def _header(model: ModelShape, cluster: Cluster, work: Workload, args: argparse.
     ]
 
 
-def _memory_lines(result: Plan, work: Workload, args: argparse.Namespace) -> list[str]:
+def _memory_lines(result: Plan, model: ModelShape, work: Workload, args: argparse.Namespace
+                  ) -> list[str]:
     mem, lay, prec, held = result.memory, result.layout, work.precision, memory_band()
     names = {4: "fp32", 2: "bf16"}
-    states = prec.optimizer_states * prec.optimizer_state_bytes
+    states = state_bytes_per_parameter(model, work)
     return [
         f"Memory per GPU, peak at the {mem.moment}"
         + (f" (pipeline stage {mem.stage})" if lay.pp > 1 else "")
@@ -314,8 +316,8 @@ def _memory_lines(result: Plan, work: Workload, args: argparse.Namespace) -> lis
         f"max_reserved; held out on {held.runs} of them: {held.low - 1:+.0%} to "
         f"{held.high - 1:+.0%})",
         f"  bytes per parameter: {names[prec.master_bytes]} weights {prec.master_bytes} + "
-        f"gradients {prec.master_bytes} + Adam states {states} = "
-        f"{2 * prec.master_bytes + states}, sharded over {lay.tp} (TP) x {lay.pp} (PP) x "
+        f"gradients {prec.master_bytes} + optimizer states {states:.3g} = "
+        f"{2 * prec.master_bytes + states:.3g}, sharded over {lay.tp} (TP) x {lay.pp} (PP) x "
         f"{lay.fsdp_degree} (FSDP); {names[prec.compute_bytes]} compute copies "
         f"{prec.compute_bytes}; {names[prec.reduce_bytes]} reductions {prec.reduce_bytes}",
         *(["  per pipeline rank  " + " ".join(f"{total / GiB:.1f}" for total in
@@ -387,7 +389,7 @@ def failure_inputs(result: Plan, model: ModelShape, cluster: Cluster, work: Work
                    args: argparse.Namespace) -> FailureInputs:
     """The failure pricing's inputs: the plan's step time and per-GPU state, the flags."""
     lay, prec = result.layout, work.precision
-    per_param = prec.master_bytes + prec.optimizer_states * prec.optimizer_state_bytes
+    per_param = prec.master_bytes + state_bytes_per_parameter(model, work)
     return FailureInputs(
         num_gpus=cluster.num_gpus, gpu_mttf_hours=args.gpu_mttf_hours,
         step_seconds=result.step_seconds, checkpoint_interval=args.checkpoint_interval,
@@ -406,7 +408,7 @@ def format_plan(result: Plan, model: ModelShape, cluster: Cluster, work: Workloa
         f"Layout: {result.layout.label()}{chosen}; {result.microbatches} microbatch(es) per "
         "step per rank",
         "",
-        *_memory_lines(result, work, args),
+        *_memory_lines(result, model, work, args),
         "",
         *_time_lines(result),
         *(_cost_lines(result, model, cluster, work, args) if work.tokens else []),

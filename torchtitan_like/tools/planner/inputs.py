@@ -8,6 +8,7 @@ import functools
 from typing import TYPE_CHECKING, Literal
 
 from torchtitan_like.components.metrics import GPU_PEAK_TFLOPS
+from torchtitan_like.components.optim.registry import StateFootprint
 from torchtitan_like.distributed.fsdp import reshard_after_forward
 from torchtitan_like.tools.planner.attention import LatentAttention, latent_attention
 from torchtitan_like.tools.planner.moe import attention_fields, moe_fields
@@ -153,6 +154,9 @@ class Workload:
     precision: Precision = Precision()
     attn_mask_type: str = "causal"
     """[model] attn_mask_type: block_causal rules out context parallelism."""
+    optimizer: StateFootprint = dataclasses.field(default_factory=StateFootprint)
+    """What the optimizer keeps and does (its registry entry's; default Adam's):
+    tools/planner/optimizer.py."""
 
 
 @dataclasses.dataclass(frozen=True)

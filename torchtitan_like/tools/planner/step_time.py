@@ -30,6 +30,8 @@
                 pp times over with a runtime that reduces before sending (see
                 ``_exposed_data_parallel``)
     pp          point-to-point activation transfers (exposed)
+    optimizer   Muon's Newton-Schulz iterations and the trips of its matrices to their owner
+                ranks and back (optimizer.py); 0 for Adam
     grad_accumulation  pipelined FSDP's per-microbatch accumulation of the stage's unsharded
                 gradients in the reduce dtype, at HBM bandwidth (``gradient_accumulation``)
     bubble      (compute + grad_accumulation + tp + cp + ep) x b / (1 - b), b from
@@ -58,6 +60,7 @@ from torchtitan_like.tools.planner.calibration import CALIBRATION, Calibration
 from torchtitan_like.tools.planner.communication import Comm
 from torchtitan_like.tools.planner.inputs import Cluster, Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.moe import routed_forward_share
+from torchtitan_like.tools.planner.optimizer import orthogonalization_seconds
 from torchtitan_like.tools.planner.ring import FLASH_BACKWARD_FLOPS, attention_factor, ring_time
 from torchtitan_like.tools.planner.schedule import (
     bubble_fraction,
@@ -89,6 +92,8 @@ class StepTime:
     bubble: float
     ep: float = 0.0
     grad_accumulation: float = 0.0
+    optimizer: float = 0.0
+    """Muon's Newton-Schulz iteration and its matrices' trips to their owners (optimizer.py)."""
 
     @property
     def compute(self) -> float:
@@ -245,4 +250,5 @@ def estimate_step_time(m: ModelShape, cluster: Cluster, work: Workload, layout: 
     bubble = (compute + accumulation + tp + cp + ep) * b / (1 - b)  # exposed ep only
     return StepTime(gemm=gemm, attention=attention, memory_bound=memory_bound,
                     recompute=recompute, tp=tp, cp=cp, fsdp=fsdp, pp=seconds.get("pp", 0.0),
-                    bubble=bubble, ep=ep, grad_accumulation=accumulation)
+                    bubble=bubble, ep=ep, grad_accumulation=accumulation,
+                    optimizer=orthogonalization_seconds(m, cluster, work, layout))

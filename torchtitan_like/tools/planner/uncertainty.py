@@ -48,6 +48,7 @@ TERMS = {
     "bubble": "pipeline bubble",
     "ep": "MoE all-to-all",
     "grad_accumulation": "pipelined FSDP's gradient accumulation",
+    "optimizer": "Muon's Newton-Schulz iterations and owner gathers (not fitted)",
 }
 
 
