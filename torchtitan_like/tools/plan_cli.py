@@ -109,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--dtype", choices=DTYPES, help="master weights, gradients, optimizer "
                      "states (default float32)")
     job.add_argument("--param_dtype", choices=DTYPES, help="compute dtype (default bfloat16)")
+    job.add_argument("--optimizer", help="a registered optimizer: AdamW (default), Adam, Muon "
+                     "(its states and Newton-Schulz time), or one of --custom_import")
     job.add_argument("--reduce_dtype", choices=DTYPES, help="gradient reduction (default "
                      "float32)")
     _layout_flags(p.add_argument_group("layout (each flag given is pinned under --search)"))
@@ -204,6 +206,7 @@ def _read_config(args: argparse.Namespace) -> JobConfig | None:
     import_custom_modules(config.job.custom_import)
     if args.flavor:
         config.model.name, config.model.flavor = args.model, args.flavor
+    config.optimizer.name = args.optimizer or config.optimizer.name
     return config
 
 
@@ -215,9 +218,11 @@ def _from_config_or_flavor(args: argparse.Namespace, config: JobConfig | None, n
         return from_job_config(config, num_gpus)
     if not args.flavor:
         raise LayoutError("name a model: --flavor (with --model) or --config")
-    config = build_job_config([f"--model.name={args.model}", f"--model.flavor={args.flavor}"])
-    model, _, _ = from_job_config(config, num_gpus)
-    return model, Workload(seq_len=8192, global_batch=0), Layout(ac="auto")
+    config = build_job_config([f"--model.name={args.model}", f"--model.flavor={args.flavor}",
+                               f"--optimizer.name={args.optimizer or 'AdamW'}"])
+    model, work, _ = from_job_config(config, num_gpus)
+    return model, Workload(seq_len=8192, global_batch=0, optimizer=work.optimizer), \
+        Layout(ac="auto")
 
 
 def _workload(args: argparse.Namespace, work: Workload) -> Workload:
@@ -229,8 +234,8 @@ def _workload(args: argparse.Namespace, work: Workload) -> Workload:
         reduce_bytes=DTYPES[args.reduce_dtype].itemsize if args.reduce_dtype else p.reduce_bytes)
     global_batch = args.global_batch or (work.global_batch if args.config else
                                          max(1, 2**22 // seq_len))
-    return Workload(seq_len=seq_len, global_batch=global_batch, tokens=args.tokens,
-                    precision=precision, attn_mask_type=work.attn_mask_type)
+    return dataclasses.replace(work, seq_len=seq_len, global_batch=global_batch,
+                               tokens=args.tokens, precision=precision)
 
 
 def pins_of(args: argparse.Namespace) -> dict[str, Any]:
