@@ -97,8 +97,9 @@ def gather_dims(param: torch.Tensor) -> list[int]:
     if not isinstance(param, DTensor):
         return []
     mesh = param.device_mesh
-    return [i for i, p in enumerate(param.placements)
-            if isinstance(p, Shard) and p.dim >= param.ndim - 2 and mesh.size(i) > 1]
+    return [i for i, p in enumerate(param.placements)  # (_StridedShard is no Shard subclass)
+            if isinstance(p, Shard | _StridedShard) and p.dim >= param.ndim - 2
+            and mesh.size(i) > 1]
 
 
 def _bucket_key(param: torch.Tensor) -> tuple:
