@@ -191,3 +191,37 @@ def test_muon_lr_zero_takes_the_adamw_lr():
 def test_refused_at_start_up(argv, message):
     with pytest.raises(ConfigError, match=message):
         parse_args(argv, world_size=1)
+
+
+LARGEST_SLOPE = 3.4445**5
+"""The Newton-Schulz map's largest slope: p'(0)^5 for p(x) = a x + b x^3 + c x^5 iterated 5
+times (on [0, 1.2], where the singular values of the normalised input and its iterates lie,
+|p'| peaks at 0: computed on a grid, 484.9 = a^5)."""
+
+
+def test_orthogonalization_of_the_tiny_llamas_gradients_stays_within_its_largest_slope():
+    """kappa = (|dO| / |O|) / (|dM| / |M|): how much the fp32 iteration amplifies a relative
+    perturbation of its input of the size the layouts' reordered sums make (2e-6 relative per
+    element), on the tiny Llama's own first-step gradients of every block matrix (the first
+    momentum, up to a factor). A perturbation is amplified at most by the map's largest
+    slope (LARGEST_SLOPE, reached by singular values near 0, which these low-rank gradients
+    have: kappa measured 26 here, 1.6-2.8 on Gaussian matrices); the parity bound MUON_TOL
+    (tests/e2e/test_resume.py) is derived for that worst case."""
+    from torchtitan_like.models.llama3.args import llama3_flavors
+    from torchtitan_like.models.llama3.model import Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(llama3_flavors["tiny"])
+    model.init_weights()
+    tokens = torch.randint(0, 256, (4, 64))
+    logits = model(tokens)
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.roll(-1, 1).flatten()).backward()
+    it = Iteration(dtype=torch.float32)
+    worst = 0.0
+    for p in parameter_kinds(model)["matrix"]:
+        m = p.grad
+        noise = torch.randn(m.shape, generator=torch.Generator().manual_seed(1)) * m.abs() * 2e-6
+        o, perturbed = newton_schulz(m.clone(), it), newton_schulz((m + noise).clone(), it)
+        worst = max(worst, ((perturbed - o).norm() / o.norm() / (noise.norm() / m.norm())).item())
+    print(f"largest kappa over the tiny Llama's 28 matrices: {worst:.2f}")
+    assert 1 < worst < LARGEST_SLOPE
