@@ -201,6 +201,10 @@ class CheckpointManager:
         if saved and (saved.get("name"), saved.get("flavor")) != (here.name, here.flavor):
             return (f" (saved by [model] {saved.get('name')}/{saved.get('flavor')}, this job "
                     f"runs {here.name}/{here.flavor})")
+        optimizer = self.config.optimizer.name
+        if info.get("optimizer", optimizer) != optimizer:  # its states are another's
+            return (f" (saved with [optimizer] name = {info['optimizer']!r}, this job uses "
+                    f"{optimizer!r}; to start its states afresh: {_EXCLUDE_HINT}=optimizer)")
         return ""
 
     def _check_data(self, info: dict[str, Any], where: str) -> None:
@@ -275,6 +279,7 @@ class CheckpointManager:
             "dtype": dtype,
             "model": {"name": self.config.model.name, "flavor": self.config.model.flavor,
                       "overrides": self.config.model.overrides},
+            "optimizer": self.config.optimizer.name,
             "world_size": self.world_size,
             "layout": {k: v for k, v in dataclasses.asdict(self.parallel_dims).items()
                        if k != "world_size"},
