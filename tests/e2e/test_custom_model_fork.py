@@ -58,8 +58,7 @@ and its sign flips: probability ~2 d x 0.4 per element (c's density at 0, ~0.4 /
 P(> 20) < 1e-4). A flip moves one weight by 2 lr = 6e-4, and the loss by its gradient times
 that: 4 standard deviations of an element's gradient, 4 |g| / sqrt(N) = 4 x 1.6 / 958, give
 4.0e-6 per flip, 8e-5 for 20 flips of one sign. Beside it FP32_PARITY_TOL's reordered sums:
-1e-5. Measured 1.4e-6; an optimizer state not sharded like its parameter, or a group's lr
-lost, moves the loss by > 1e-3."""
+1e-5. Measured 1.4e-6."""
 
 
 @pytest.fixture(scope="module")
