@@ -186,7 +186,6 @@ def test_muon_lr_zero_takes_the_adamw_lr():
 @pytest.mark.parametrize(("argv", "message"), [
     (["--optimizer.name=muon"], r"unknown optimizer 'muon'; registered: AdamW, Adam, Muon.*"
                                 r"did you mean 'Muon'\?"),
-    (["--muon.momentum=0.9"], r"\[muon\] momentum is set, but \[optimizer\] name = 'AdamW'"),
     (["--optimizer.name=Muon", "--muon.ns_steps=0"], r"\[muon\] ns_steps"),
     (["--optimizer.name=Muon", "--muon.adjust_lr_fn=rms"], r"\[muon\] adjust_lr_fn"),
 ])

@@ -10,8 +10,9 @@ An ``OptimizerSpec`` is the whole contract between an optimizer and the platform
   ``step()``, post-step hooks (MoE balancing, float8) attach to it.
 - ``group_options(job)``: per group kind, the options that differ from the optimizer's
   defaults (default: no weight decay on norms and biases).
-- ``section`` and ``config_cls``: its own config section (``[muon]``), validated at start-up;
-  a section of an optimizer that is not the job's is refused when set (it would do nothing).
+- ``section`` and ``config_cls``: its own config section (``[muon]``), validated at start-up
+  (a built-in section's keys set for another optimizer are named in the start-up warning of
+  settings without effect, config/switches.py).
 - ``footprint(job)``: the state tensors it keeps per parameter and the extra work per matrix,
   what the planner's memory and step-time models read (tools/planner/optimizer.py).
 - ``validate(job, device_type)``: its own start-up checks, raising ``ConfigError``.
@@ -127,26 +128,9 @@ def get_optimizer_spec(name: str) -> OptimizerSpec:
     return _REGISTRY[name]
 
 
-def section_of(spec: OptimizerSpec, job: JobConfig) -> Any:
-    """The job's instance of the spec's own section."""
-    return getattr(job, spec.section) if spec.section else None
-
-
 def validate_optimizer(job: JobConfig, device_type: str) -> OptimizerSpec:
-    """The job's optimizer, its own checks run; ConfigError for an unknown name or a set
-    section of another registered optimizer (it would silently do nothing)."""
+    """The job's optimizer, its own checks run; ConfigError for an unknown name."""
     spec = get_optimizer_spec(job.optimizer.name)
-    for other in registered_optimizers():
-        if other.section is None or other.section == spec.section:
-            continue
-        section, default = section_of(other, job), other.config_cls()
-        changed = [f.name for f in dataclasses.fields(section)
-                   if getattr(section, f.name) != getattr(default, f.name)]
-        if changed:
-            raise ConfigError(
-                f"[{other.section}] {changed[0]} is set, but [optimizer] name = "
-                f"{spec.name!r}: set [optimizer] name = {other.name!r}, or leave "
-                f"[{other.section}] out")
     if spec.validate is not None:
         spec.validate(job, device_type)
     return spec
