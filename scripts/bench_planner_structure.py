@@ -40,7 +40,8 @@ import tempfile
 import time
 
 from torchtitan_like.tools.bench_runner import launch_bench, report, timed_steps, worker_cases
-from torchtitan_like.tools.planner.communication import rate_at
+from torchtitan_like.tools.calibrate import fastest_seconds
+from torchtitan_like.tools.planner.links import rate_at
 
 BAND = 0.25
 """Held when |predicted / measured - 1| is at most this: the published runs' limit."""
@@ -53,21 +54,10 @@ TOGGLES = (("cp 2", "fsdp 2"), ("tp 2", "fsdp 2"), ("fsdp 2", "base"), ("ac full
 FSDP 2, as an ablation toggles one dimension on the same GPUs."""
 
 
-def _best(fn, min_seconds: float = 0.2, runs: int = 3) -> float:
+def _best(fn) -> float:
     """The fastest seconds per call of ``fn`` in this process's CPU time, for the one-thread
     compute rates (what other processes on the machine take is not counted)."""
-    best, iters = float("inf"), 1
-    for _ in range(runs):
-        while True:
-            start = time.process_time()
-            for _ in range(iters):
-                fn()
-            seconds = time.process_time() - start
-            if seconds >= min_seconds:
-                break
-            iters *= 2
-        best = min(best, seconds / iters)
-    return best
+    return fastest_seconds(fn, clock=time.process_time)
 
 
 def measure_rates(flavor: str) -> dict[str, float]:

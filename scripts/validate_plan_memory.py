@@ -31,6 +31,7 @@ SELECTIVE = ["--activation_checkpoint.mode", "selective",
 FULL = ["--activation_checkpoint.mode", "full"]
 BATCH_4 = ["--training.local_batch_size", "4"]
 TP = ["--parallelism.tensor_parallel_degree", "2"]
+BF16 = ["--training.mixed_precision_param", "bfloat16"]  # autocast unless FSDP is on
 # Two stages; the local batch of 8 in 4 microbatches of 2 sequences.
 PP = ["--parallelism.pipeline_parallel_degree", "2",
       "--parallelism.pipeline_parallel_microbatch_size", "2"]
@@ -63,6 +64,14 @@ CASES: dict[str, tuple[int, list[str]]] = {
     "PP 2 1F1B, AC full": (2, [*PP, SCHEDULE, "1F1B", *FULL]),
     "PP 2 GPipe": (2, [*PP, SCHEDULE, "GPipe"]),
     "PP 2 Interleaved1F1B (4 stages)": (2, [*PP, SCHEDULE, "Interleaved1F1B"]),
+    "1 proc, bf16 autocast": (1, BF16),
+    "1 proc, bf16 autocast, AC full": (1, [*BF16, *FULL]),
+    "1 proc, bf16 autocast, AC op": (1, [*BF16, *SELECTIVE, "op"]),
+    "1 proc, bf16 moments": (1, ["--optimizer.state_dtype", "bfloat16"]),
+    "FSDP 2, bf16 params, AC none": (2, [*BATCH_4, *BF16]),
+    "FSDP 2, bf16 moments": (2, [*BATCH_4, "--optimizer.state_dtype", "bfloat16"]),
+    "TP 2, bf16 autocast": (2, [*BATCH_4, *TP, *BF16]),
+    "PP 2 1F1B, bf16 autocast": (2, [*PP, SCHEDULE, "1F1B", *BF16]),
     "FSDP 2 x TP 2": (4, [*BATCH_4, *TP]),
     "PP 2 x TP 2, 1F1B": (4, [*PP, *TP]),
     "PP 2 x FSDP 2, 1F1B": (4, [*PP, "--training.local_batch_size", "4",

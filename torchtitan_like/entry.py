@@ -8,6 +8,7 @@ this module's, so that the trainer module is the build and the loop only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from torchtitan_like.components import run_folder
+from torchtitan_like.components import run_folder, run_outputs
 from torchtitan_like.components.checkpoint.folder import finished_run
 from torchtitan_like.components.optimizer import OptimizersContainer
 from torchtitan_like.config.errors import ConfigError
@@ -24,7 +25,7 @@ from torchtitan_like.config.manager import did_you_mean, import_user_module
 from torchtitan_like.distributed import lifecycle
 from torchtitan_like.distributed import utils as dist_utils
 from torchtitan_like.exit_codes import ExitCode
-from torchtitan_like.failure_report import report_failure
+from torchtitan_like.failure_report import ended_cleanly, report_failure
 from torchtitan_like.logging import init_logger, logger
 from torchtitan_like.train import Trainer
 from torchtitan_like.validate import parse_args
@@ -58,9 +59,12 @@ def trainer_class(config: JobConfig, default: type[Trainer] | None = None) -> ty
 
 def _nothing_left_to_do(config: JobConfig) -> str | None:
     """The line a finished run prints when restarted: the checkpoint it would resume from is
-    at its last step already."""
+    at its last step already (never for the first attempt of an ``overwrite`` job: a fresh
+    run, components/run_outputs.py)."""
     c = config.checkpoint
     if not c.enable or c.create_seed_checkpoint or "train_state" in c.exclude_from_loading:
+        return None
+    if run_outputs.fresh_run(config) and not run_outputs.is_restart():
         return None
     return finished_run(Path(config.job.dump_folder) / c.folder, c.load_step,
                         config.training.steps)
@@ -79,7 +83,7 @@ def run(argv: list[str], trainer_cls: type[Trainer] | None = None) -> int:
             logger.info(done)
             return ExitCode.OK
         device = dist_utils.init_distributed(config.comm.init_timeout_seconds)
-        with run_folder.claimed(config):
+        with run_folder.claimed(config, ended_cleanly):
             trainer = trainer_cls(config, device)
             groups = [None, *dist_utils.mesh_groups(trainer.meshes.all())]
             after_first_step(trainer.optimizers, lambda: dist_utils.set_timeout(
@@ -88,8 +92,9 @@ def run(argv: list[str], trainer_cls: type[Trainer] | None = None) -> int:
     except BaseException as e:  # every way out gets its line and its code
         return report_failure(e)
     finally:
-        if trainer is not None:
-            trainer.metrics.close()  # TensorBoard's buffered events, also after a failure
+        if trainer is not None:  # TensorBoard's buffered events, also after a failure (which
+            with contextlib.suppress(Exception):  # is the one reported; a finished job has
+                trainer.metrics.close()  # closed them in train(), where a failure counts)
     return ExitCode.OK
 
 

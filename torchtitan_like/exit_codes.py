@@ -21,7 +21,8 @@ class ExitCode(enum.IntEnum):
     DIVERGED = 3
     """``training diverged:`` the loss or gradient norm stopped being finite."""
     CHECKPOINT = 4
-    """``checkpoint error:`` a checkpoint that cannot be loaded or saved (corrupt, disk full)."""
+    """``checkpoint error:`` a checkpoint that cannot be loaded or saved (corrupt, disk full);
+    ``storage error:`` any other write of the job on a full disk (components/storage.py)."""
     DATA = 5
     """``data error:`` a dataset record that cannot be read (file and line named)."""
     FOLDER_IN_USE = 6

@@ -22,6 +22,11 @@ additions, and the launcher ends like a job:
   the job as stopping (a worker under it says nothing, nor one failing from then on:
   failure_report.py); torch's notices of the signal and of each worker it
   signals are left out, and the launcher prints one line and exits 130 (128 + SIGINT).
+- **Its own words only.** torchrun's banners around a failure (``failed (exitcode: N)``,
+  ``Sending process ... closing signal``) are left out: the last line says which rank failed,
+  why and with which code. Like torchrun, it gives each worker ``OMP_NUM_THREADS=1`` when
+  unset and a node runs several workers, without torchrun's banner saying so
+  (docs/operating-a-run.md#how-a-job-ends).
 - **Workers that die with it.** Workers learn the launcher's pid for their watchdog
   (``lifecycle.die_with_agent``) and meet in the agent's own rendezvous store, whose port the
   agent bound before they started (``distributed/utils.init_distributed``): no port is picked
@@ -61,12 +66,16 @@ from torchtitan_like.distributed.lifecycle import (
 )
 from torchtitan_like.exit_codes import FINAL, INTERRUPTED_LINE, ExitCode
 
-SIGNAL_NOTICES = {
-    "torch.distributed.elastic.agent.server.api": "Received %s death signal, shutting down workers",
-    "torch.distributed.elastic.multiprocessing.api": "Sending process %s closing signal %s",
+TORCH_NOTICES = {
+    "torch.distributed.elastic.agent.server.api": (
+        "Received %s death signal, shutting down workers",),
+    "torch.distributed.elastic.multiprocessing.api": (
+        "Sending process %s closing signal %s",
+        "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s"),
 }
-"""torch's logger -> the message (its format string) of a notice the launcher's own line
-replaces (tests/unit/test_launch.py checks torch still logs them so)."""
+"""torch's logger -> the messages (their format strings) of the notices the launcher's own
+line replaces: a signal's, a stopped worker's, a failed worker's (tests/unit/test_launch.py
+checks torch still logs them so)."""
 
 
 @dataclasses.dataclass
@@ -143,29 +152,29 @@ def describe(failure: Failure) -> str:
     return f"rank {failure.rank} failed: {failure.line}"
 
 
-def _not_a_signal_notice(record: logging.LogRecord) -> bool:
-    return record.msg != SIGNAL_NOTICES.get(record.name)
+def _not_a_torch_notice(record: logging.LogRecord) -> bool:
+    return record.msg not in TORCH_NOTICES.get(record.name, ())
 
 
 @contextlib.contextmanager
 def _job_agent(outcome: Outcome) -> Iterator[None]:
     """``launch_agent`` builds ``JobAgent`` instead of torch's agent while this lasts, and
-    torch's signal notices are left out."""
+    torch's notices that the launcher's own line replaces are left out (TORCH_NOTICES)."""
     original = launcher_api.LocalElasticAgent
 
     def build(*args: Any, **kwargs: Any) -> JobAgent:
         return JobAgent(*args, outcome=outcome, **kwargs)
 
     launcher_api.LocalElasticAgent = build
-    loggers = [logging.getLogger(name) for name in SIGNAL_NOTICES]
+    loggers = [logging.getLogger(name) for name in TORCH_NOTICES]
     for torch_logger in loggers:
-        torch_logger.addFilter(_not_a_signal_notice)
+        torch_logger.addFilter(_not_a_torch_notice)
     try:
         yield
     finally:
         launcher_api.LocalElasticAgent = original
         for torch_logger in loggers:
-            torch_logger.removeFilter(_not_a_signal_notice)
+            torch_logger.removeFilter(_not_a_torch_notice)
 
 
 def final_line(failure: Failure | None) -> tuple[str, int]:
@@ -202,9 +211,18 @@ def worker_env(**extra: str) -> dict[str, str]:
             "OMP_NUM_THREADS": "1", **extra}
 
 
+def _one_thread_per_worker(args: Any) -> None:
+    """What torchrun does with several workers on a node and OMP_NUM_THREADS unset (each
+    worker one OpenMP thread), without its banner."""
+    if "OMP_NUM_THREADS" not in os.environ and \
+            torchrun.determine_local_world_size(args.nproc_per_node) > 1:
+        os.environ["OMP_NUM_THREADS"] = "1"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run torchrun's command line; return the job's exit code (exit_codes.py)."""
     args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
+    _one_thread_per_worker(args)
     with tempfile.TemporaryDirectory(prefix="ttl-failures-") as records:
         os.environ[AGENT_PID_ENV] = str(os.getpid())
         os.environ[FAILURES_ENV] = records

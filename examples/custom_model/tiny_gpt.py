@@ -3,10 +3,11 @@ LayerNorm, GELU MLP), registered as ``tiny_gpt`` when [job] custom_import names 
 
 It uses the extension points of docs/extending.md: a z-loss on the logits through the loss
 hook and the largest logit log-sum-exp as a metric (protocols/step_hooks.py), a coefficient
-that ``[model] overrides = { z_loss_coef = 1e-3 }`` sets, a tensor-parallel plan from the plan
-toolkit's attention and feed-forward styles and its shared tail (distributed/plan_toolkit.py),
-and a pipeline split; ModelSpec.supported_dims says TP and PP are the parallel dimensions
-besides data parallelism it implements (CP and EP are refused at start-up).
+that ``[model] overrides = { z_loss_coef = 1e-3 }`` sets, a tensor-parallel plan declared as a
+``TPPlan`` (what is sharded, by name) with the attention and feed-forward styles of
+distributed/tp_styles.py, the shared tail (distributed/plan_toolkit.py), and a pipeline
+split; ModelSpec.supported_dims says TP and PP are the parallel dimensions besides data
+parallelism it implements (CP and EP are refused at start-up).
 
 The extra head: with ``mtp_depth = D > 0`` (an override) the model grows D multi-token-
 prediction modules after the trunk (DeepSeek-V3's MTP), a second block group ``mtp`` on the
@@ -25,17 +26,13 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    RowwiseParallel,
-    SequenceParallel,
-    parallelize_module,
-)
+from torch.distributed.tensor.parallel import ParallelStyle, SequenceParallel
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed.pipeline import module_fqns_per_stage, prune_to_stage
-from torchtitan_like.distributed.plan_toolkit import apply_block_tail, attention_plan, swiglu_plan
+from torchtitan_like.distributed.plan_toolkit import apply_block_tail
+from torchtitan_like.distributed.tensor_parallel import TPPlan, apply_tp
+from torchtitan_like.distributed.tp_styles import attention_plan, nested, swiglu_plan
 from torchtitan_like.models import BaseModelArgs, ModelSpec, register_model
 from torchtitan_like.protocols.loss import IGNORE_INDEX, cross_entropy_sum
 
@@ -77,7 +74,7 @@ class TinyGPTArgs(BaseModelArgs):
 
 class Attention(nn.Module):
     """Causal self-attention; the head count comes from the width of q's output, so the same
-    code runs on a TP rank holding a slice of the heads (plan_toolkit.attention_plan)."""
+    code runs on a TP rank holding a slice of the heads (tp_styles.attention_plan)."""
 
     def __init__(self, args: TinyGPTArgs):
         super().__init__()
@@ -198,50 +195,41 @@ def parallelize_tiny_gpt(model: TinyGPT, parallel_dims, meshes, config) -> TinyG
     """TP (each pipeline stage comes here like a whole model), then activation checkpointing,
     compile and one FSDP unit per block of both block groups (trunk and MTP), the rest (the
     shared embedding among it) in the root."""
-    if parallel_dims.tp_enabled:
-        apply_tp(model, meshes.tp)
+    apply_tp(model, tp_plan(model), parallel_dims, meshes, config)
     apply_block_tail(model, [model.blocks, model.mtp], parallel_dims, meshes, config)
     return model
 
 
-def apply_tp(model: TinyGPT, tp_mesh) -> None:
+def tp_plan(model: TinyGPT) -> TPPlan:
     """Megatron TP with sequence parallelism: hidden states between modules are this rank's
     sequence shard (Shard(1)). Both embedding tables are split by rows (token ids, positions),
-    their partial lookups reduce-scattered into sequence shards; LayerNorms run on the shard;
-    attention and MLP use the toolkit's column-wise/row-wise pairs. The head gathers whole
-    logits on every TP rank (no loss parallel): the z-loss needs each row's log-sum-exp, and
-    every TP rank computes the same loss terms from them. The MTP modules take their
-    embedding (the trunk's, split once) and their projection on sequence shards like a norm
-    (SequenceParallel: replicated weight, its gradient summed over TP)."""
-    embedding = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
-    edges = {}
-    for name in ("tok_emb", "pos_emb"):
-        if getattr(model, name) is not None:
-            edges[name] = embedding
-    if model.tok_emb is None and model.mtp:  # the last stage's copy of the shared embedding
-        edges[f"mtp.{next(iter(model.mtp))}.embed"] = embedding
-    if model.head is not None:
-        edges["ln_f"] = SequenceParallel()
-        edges["head"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
-    parallelize_module(model, tp_mesh, edges)
-    for block in model.blocks.values():
-        _tp_block(block, tp_mesh)
-    for module in model.mtp.values():
-        parallelize_module(module, tp_mesh, {  # the block takes a local sequence shard
-            "norm_h": SequenceParallel(), "norm_e": SequenceParallel(),
-            "proj": SequenceParallel(use_local_output=True)})
-        _tp_block(module.block, tp_mesh)
+    their partial lookups reduce-scattered into sequence shards; the final LayerNorm runs on
+    the shard; the head gathers whole logits on every TP rank (ModelSpec.loss_parallel =
+    False): the z-loss needs each row's log-sum-exp, and every TP rank computes the same loss
+    terms from them. The MTP modules' embedding is the trunk's, split once (or the last
+    stage's copy of it, split alike)."""
+    return TPPlan(blocks={"blocks": block_tp_plan, "mtp": mtp_tp_plan}, norm="ln_f", head="head",
+                  embeddings=("tok_emb", "pos_emb", *(f"mtp.{k}.embed" for k in model.mtp)))
 
 
-def _tp_block(block: Block, tp_mesh) -> None:
-    device = tp_mesh.device_type
-    parallelize_module(block, tp_mesh, {
+def block_tp_plan(block: Block, device: str) -> dict[str, ParallelStyle]:
+    """The toolkit's column-wise/row-wise pairs around attention and MLP, LayerNorms on the
+    sequence shard."""
+    return {
         "ln1": SequenceParallel(),
         **attention_plan(block, device, name="attn", qkv=("q", "k", "v"), out="proj",
                          extra_inputs=0),
         "ln2": SequenceParallel(),
         **swiglu_plan(block, device, name="mlp", gate_up=("fc",), down="out"),
-    })
+    }
+
+
+def mtp_tp_plan(module: MTPModule, device: str) -> dict[str, ParallelStyle]:
+    """An MTP module's norms and projection on sequence shards like a norm (SequenceParallel:
+    replicated weight, its gradient summed over TP); its block takes a local sequence shard."""
+    return {"norm_h": SequenceParallel(), "norm_e": SequenceParallel(),
+            "proj": SequenceParallel(use_local_output=True),
+            **nested("block", block_tp_plan(module.block, device))}
 
 
 def pipeline_tiny_gpt(model: TinyGPT, stage_ids: list[int], config) -> list[TinyGPT]:

@@ -17,8 +17,10 @@ they start: no EADDRINUSE however many start together):
   exist, the launcher is SIGKILLed: every process it started is gone (within 60 s: its
   workers may still be importing torch).
 
-A config error raised on rank 1 only reaches the console with LOG_RANK=0, as the last line,
-with exit code 2, once although MAX_RESTARTS=3, and without torchrun's traceback. (A corrupt
+The chaos job's lock record outlives it (it died), so the next job on its folder takes the
+lock over with a warning. A config error raised on rank 1 only reaches the console with
+LOG_RANK=0, as the last line, with exit code 2, once although MAX_RESTARTS=3, and without
+torchrun's traceback or banners. (A corrupt
 checkpoint's exit code 4 and the data error's 5 are in test_rerun.py and test_preflight.py.)
 """
 
@@ -233,6 +235,21 @@ def test_a_killed_launcher_leaves_no_process(jobs):
     assert len(events["processes"]) >= 2
 
 
+def test_the_killed_jobs_lock_is_taken_over_with_a_warning(jobs, caplog):
+    """The chaos job died (its second attempt of an unexpected error, its third with the
+    launcher): its lock record stays, and the next job to take the folder says so."""
+    from torchtitan_like.components.run_folder import FolderLock
+
+    folder, _, _ = jobs["chaos"]
+    assert json.loads((folder / "job.lock").read_text())["pid"]  # not emptied
+    lock = FolderLock(folder)
+    with caplog.at_level(logging.WARNING, logger="torchtitan_like"):
+        lock.acquire()
+    lock.release()
+    assert "job.lock: taking over the lock of pid" in caplog.text
+    assert "which ended without releasing it" in caplog.text
+
+
 def test_an_error_on_rank_1_reaches_the_console_with_log_rank_0(tmp_path, corpus):
     """Through the launcher alone (run_train.sh adds its preflight, tested above)."""
     plugin = ROOT / "tests/e2e/rank1_fails.py"
@@ -243,6 +260,7 @@ def test_an_error_on_rank_1_reaches_the_console_with_log_rank_0(tmp_path, corpus
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-3000:]
     assert "Traceback" not in out and "restarting" not in out
+    assert "exitcode" not in out and "OMP_NUM_THREADS" not in out  # torchrun's banners
     last = out.strip().splitlines()[-1]
     assert last.startswith("config error: [job] custom_import:") and "ValueError: this module " \
         "refuses to run on rank 1 (rank 1, exit code 2; not restarted" in last, last

@@ -6,9 +6,11 @@ exit) in a gloo group of one. The resume (``load_step = 2`` of a 4-step run, 6 s
 drops the records and events of steps 3-4 and continues; a fresh run (checkpoints off) into
 the folder is refused with one line and changes nothing; with ``[job] overwrite`` the earlier
 outputs move to ``archive/<time>/`` intact and the folder holds the new run only; a resume
-from a damaged checkpoint then fails with exit code 4 and leaves every file as it was. (The
-first run also shows the world group on ``[comm] train_timeout_seconds`` after the first
-step.)
+from a damaged checkpoint then fails with exit code 4 and leaves every file as it was. Last,
+``[job] overwrite`` with checkpoints on, beside a resumable checkpoint: a fresh run (its first
+losses are the first run's, no resume marker), the other run archived whole (metrics, config
+copy, TensorBoard events, checkpoint). (The first run also shows the world group on ``[comm]
+train_timeout_seconds`` after the first step.)
 """
 
 import datetime
@@ -91,3 +93,18 @@ def test_tensorboard_equals_metrics_through_resume_refusal_and_overwrite(
     before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != "job.lock"}
     assert job(*CKPT, "--training.steps=8") == ExitCode.CHECKPOINT
     assert {p: p.read_bytes() for p in before} == before
+
+    # Overwrite beside a resumable checkpoint (the intact step-6 again): a fresh run.
+    shutil.rmtree(damaged)
+    shutil.copytree(archived / "checkpoint" / "step-6", damaged)
+    other_run = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
+                       if p.is_file() and p.name != "job.lock" and "archive" not in p.parts)
+    assert job(*CKPT, "--training.steps=2", "--job.overwrite=true") == ExitCode.OK
+    fresh = same_view(folder)
+    assert fresh == {step: first[step] for step in (1, 2)}  # step 0's weights, not step 6's
+    assert not [r for r in read_metrics(folder) if r.get("resumed")]
+    assert sorted(p.name for p in (folder / "checkpoint").iterdir()) == ["step-2"]
+    newest = max((folder / "archive").iterdir(), key=lambda p: p.stat().st_mtime_ns)
+    assert newest != archived and sorted(
+        str(p.relative_to(newest)) for p in newest.rglob("*") if p.is_file()) == other_run
+    assert sorted(same_view(newest)) == [1, 2, 3]

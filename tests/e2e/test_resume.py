@@ -11,6 +11,12 @@ on (names must not change: bitwise), under HSDP, TP=2, PP=2, one process and FSD
 processes): the same losses up to the order of floating-point sums (1e-5, as the parity tests in
 tests/parallel/ explain).
 
+Damage: a copy of the FSDP=2 job's folder whose step-10 has one flipped bit inside a weight of
+rank 1's file resumes in launch 2 with ``[checkpoint] fallback_on_damage``: each rank checks
+the checksums of what it reads, the job falls back to step-5 (step-10 kept aside as
+step-10.damaged) and steps 6-10 equal the uninterrupted run's bitwise. (Without the flag it is
+one line and exit code 4: tests/e2e/test_final_failures.py.)
+
 Muon (components/optim/muon.py) rides in the same launches: 10 steps under FSDP 2 (saving at 5
 and 10, then resumed: bitwise), TP 2, PP 2, HSDP 2 x 2 and FSDP 2 x TP 2 against one process,
 and the FSDP 2 step-5 checkpoint resumed by one process (the momentum resharded), each within
@@ -19,6 +25,7 @@ MUON_TOL; and the Newton-Schulz work each rank does (``MuonCountingTrainer``).
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from harness import FP32_PARITY_TOL, MUON_PARITY_TOL, ROOT, assert_close, launch, losses
@@ -35,6 +42,7 @@ RESHARDED = {  # the FSDP=2 checkpoint of step 5, resumed by other 2-process job
     "tp_from_fsdp": [*CKPT, *TP2],
     "pp_from_fsdp": [*CKPT, *PP2],
 }
+FALLBACK = {"fallback": [*CKPT, "--checkpoint.fallback_on_damage", "true"]}  # FSDP=2
 ONE_PROCESS = {
     "one": CKPT,  # local 2 of global 4: two microbatches
     "one_no_accumulation": [*CKPT, "--training.local_batch_size", "4"],
@@ -59,12 +67,19 @@ def counts(folder) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def runs(corpus, tmp_path_factory):
-    root = tmp_path_factory.mktemp("resume")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("resume")
+
+
+@pytest.fixture(scope="module")
+def runs(corpus, root):
     saving = {case: [*CKPT, *layout] for case, layout in SAVING.items()}
     references = {f"{case}_reference": [*STEPS, *layout] for case, layout in SAVING.items()}
     first = launch(2, {**references, **saving, **MUON_TWO}, root / "two", corpus)
     work = {case: counts(root / "two" / case) for case in MUON_TWO}
+    damaged = root / "two" / "fallback" / "checkpoint"
+    shutil.copytree(root / "two" / "fsdp" / "checkpoint", damaged)
+    flip_a_weight_bit(damaged / "step-10", "__1_0.distcp")
     for case in [*SAVING, "muon"]:
         shutil.rmtree(root / "two" / case / "checkpoint" / "step-10")
     step5 = root / "two" / "fsdp" / "checkpoint" / "step-5"
@@ -73,12 +88,31 @@ def runs(corpus, tmp_path_factory):
             shutil.copytree(step5, root / folder / case / "checkpoint" / "step-5")
     shutil.copytree(root / "two" / "muon" / "checkpoint" / "step-5",
                     root / "one" / "muon_one_from_fsdp" / "checkpoint" / "step-5")
-    resumed = {**launch(2, {**saving, **RESHARDED, "muon": MUON_TWO["muon"]}, root / "two",
-                        corpus),
+    resumed = {**launch(2, {**saving, **RESHARDED, **FALLBACK, "muon": MUON_TWO["muon"]},
+                        root / "two", corpus),
                **launch(1, {**ONE_PROCESS, **MUON_ONE}, root / "one", corpus),
                **launch(4, {**FOUR_PROCESSES, **MUON_FOUR}, root / "four", corpus)}
     work.update({case: counts(root / "four" / case) for case in MUON_FOUR})
     return first, resumed, work
+
+
+def flip_a_weight_bit(step: Path, file: str) -> None:
+    """One bit in the middle of the first stored weight of ``file`` (checksums.json says
+    where): finite, plausible, and until checksums, trained on unnoticed."""
+    items = json.loads((step / "checksums.json").read_text())["items"][file]
+    offset, length = next((o, n) for o, n, _, name in items if name.startswith("model."))
+    data = bytearray((step / file).read_bytes())
+    data[offset + length // 2] ^= 0x01
+    (step / file).write_bytes(data)
+
+
+def test_a_damaged_checkpoint_falls_back_to_the_previous_one_when_allowed(runs, root):
+    first, resumed, _ = runs
+    folder = root / "two" / "fallback" / "checkpoint"
+    assert sorted(p.name for p in folder.iterdir()) == ["step-10", "step-10.damaged", "step-5"]
+    assert {"step": 5, "resumed": True} in resumed["fallback"]
+    assert [r["step"] for r in resumed["fallback"] if "loss" in r] == list(range(6, 11))
+    assert losses(resumed["fallback"]) == losses(first["fsdp_reference"])[5:]
 
 
 @pytest.mark.parametrize("case", SAVING)

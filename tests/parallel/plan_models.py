@@ -2,7 +2,7 @@
 
 - ``llama3_gated``: the tiny Llama whose feed-forward scales its input by a learned sigmoid
   gate, ``w2(silu(w1 g x) * w3 g x)`` with ``g = sigmoid(gate(x))``; under TP the gate is kept
-  whole on every rank with ``plan_toolkit.NoParallel`` (as a MoE router is).
+  whole on every rank with ``tp_styles.NoParallel`` (as a MoE router is).
 - ``llama3_lazy_plan``: the tiny Llama with a plan that only applies FSDP, claiming every
   dimension: it skips activation checkpointing, compile and TP, which the trainer must refuse.
 """
@@ -14,7 +14,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import parallelize_module
 
 from torchtitan_like.distributed.fsdp import apply_fsdp
-from torchtitan_like.distributed.plan_toolkit import NoParallel
+from torchtitan_like.distributed.tp_styles import NoParallel
 from torchtitan_like.models.llama3 import Llama3Args, llama3_flavors, parallelize_llama
 from torchtitan_like.models.llama3.model import FeedForward, Transformer
 from torchtitan_like.models.llama3.pipeline import pipeline_llama

@@ -19,6 +19,7 @@ from torchtitan_like.tools.memory import measure_cases
 from torchtitan_like.tools.planner import CPU, predict_stage_peaks
 
 TOL = 0.05
+BF16 = ["--training.mixed_precision_param", "bfloat16"]
 
 
 def test_planner_predicts_measured_peak(tmp_path, corpus):
@@ -34,7 +35,10 @@ def test_planner_predicts_measured_peak(tmp_path, corpus):
              "pp 1F1B": (2, [*common, "--parallelism.pipeline_parallel_degree", "2"]),
              "pp interleaved": (2, [*common, "--parallelism.pipeline_parallel_degree", "2",
                                     "--parallelism.pipeline_parallel_schedule",
-                                    "Interleaved1F1B"])}
+                                    "Interleaved1F1B"]),
+             "fsdp bf16": (2, [*common, *BF16]),
+             "tp bf16 autocast": (2, [*common, *BF16, "--parallelism.tensor_parallel_degree",
+                                      "2"])}
     measured = measure_cases(cases, tmp_path)
     for name, (nproc, overrides) in cases.items():
         stages = predict_stage_peaks(build_job_config(overrides), nproc, CPU)

@@ -1,5 +1,5 @@
-"""The plan toolkit (distributed/plan_toolkit.py) and the check that a plan applied what the
-config asked for (distributed/plan_check.py).
+"""The plan toolkit (distributed/plan_toolkit.py, and the TP styles of distributed/tp_styles.py)
+and the check that a plan applied what the config asked for (distributed/plan_check.py).
 
 - ``NoParallel``: a feed-forward gate kept whole on every TP rank trains under TP=2 like one
   process (fp32, deterministic; TP reorders the sums of the sharded matmuls only, measured

@@ -27,7 +27,8 @@ def test_shipped_sweep_variants_are_valid_configs():
         config = parse_args(argv, sweep.nproc_of(variant))  # validated for its world size
         assert config.training.global_batch_size == 4
         if config.model.name == "llama3":  # the planner models no MoE layers yet
-            assert 0 < sweep.planned_memory_gib(variant) < 1
+            memory, speed = sweep.planned(variant)
+            assert 0 < memory < 1 and speed is None  # no hardware profile: no tokens/s
 
 
 def test_moe_sweep_variants_are_valid_configs():
@@ -64,7 +65,7 @@ def test_optimizer_sweep_variants_are_valid_and_planned_muon_keeps_fewer_states(
 def test_planned_memory_is_none_when_the_config_cannot_run():
     sweep = load_sweep(SHIPPED)
     impossible = Variant("x", ("--parallelism.data_parallel_replicate_degree=3",))
-    assert sweep.planned_memory_gib(impossible) is None
+    assert sweep.planned(impossible) == (None, None)
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -169,13 +170,13 @@ def test_results_table_and_csv(tmp_path):
     assert rows[0].startswith("variant,status,nproc,steps_logged,tokens_per_second")
     assert rows[0].endswith(",validation_loss,wall_seconds,error,overrides,aux_loss/z_loss,"
                             "max_logsumexp")
-    assert rows[2].startswith("faster,ok,2,3,250,2.5,0.7,,3.25,0.25,3.5,")
+    assert rows[2].startswith("faster,ok,2,3,250,2.5,0.7,,,3.25,0.25,3.5,")  # no plans
     assert rows[2].endswith(",0.3,9") and rows[1].endswith(",,")
     assert rows[3].startswith("broken,failed (exit 1),2,0,")
     assert "config error: no" in rows[3]
     table = (tmp_path / "results.md").read_text()
     assert "| val loss | wall s | aux_loss/z_loss | max_logsumexp |" in table
-    assert "| faster | 2 | ok | 250 | 2.50 | 0.700 |  | 3.2500 | +0.2500 | 3.5000 | 12 | 0.3 " \
+    assert "| faster | 2 | ok | 250 |  | 2.50 | 0.700 |  | 3.2500 | +0.2500 | 3.5000 | 12 | 0.3 " \
         "| 9 |" in table
     assert "**broken** (failed (exit 1)): `config error: no`" in table
 

@@ -82,8 +82,16 @@ def test_a_writer_of_a_shared_folder_removes_only_its_own_unfinished_saves(tmp_p
     (lambda p: open(p / "__0_0.distcp", "r+b").truncate(1000),  # noqa: SIM115
      r"corrupt: data file __0_0\.distcp is truncated \(1000 bytes"),
     (lambda p: (p / "checkpoint.json").unlink(), r"checkpoint\.json is missing or unreadable"),
-    (lambda p: _rot(p / "__0_0.distcp"), r"loading checkpoint .*step-4 failed on rank 0: "
-                                         r"\w+Error: .*; its files are damaged"),
+    (lambda p: _rot(p / "__0_0.distcp"), r"^step 4 \(.*step-4\) is damaged: "
+                                         r"__0_0\.distcp bytes \d+-\d+ \(.*\) are not the "
+                                         r"bytes saved: their CRC-32 differs \(found by rank 0\)"
+                                         r"; to resume from the newest earlier complete "
+                                         r"checkpoint instead, set \[checkpoint\] "
+                                         r"fallback_on_damage = true"),
+    (lambda p: _flip_one_bit(p / "__0_0.distcp"), r"step 4 .* is damaged: __0_0\.distcp bytes "
+                                                  r"\d+-\d+ \(model\.layers\.1\.attention\.wq"
+                                                  r"\.weight\) are not the bytes saved"),
+    (lambda p: (p / "checksums.json").write_text("{"), r"corrupt: checksums\.json is unreadable"),
 ])
 def test_a_corrupt_checkpoint_stops_the_run(job, damage, message):
     folder, build = job
@@ -100,6 +108,54 @@ def _rot(path):
     path.write_bytes(data)
 
 
+def _flip_one_bit(path, state="model.layers.1.attention.wq.weight"):
+    """One bit in the middle of a stored weight's bytes (its float32 data, checksums.json says
+    where): the value stays finite and plausible, the kind of damage that trained on unnoticed
+    before checksums."""
+    items = json.loads((path.parent / "checksums.json").read_text())["items"][path.name]
+    offset, length = next((o, n) for o, n, _, name in items if name == state)
+    data = bytearray(path.read_bytes())
+    data[offset + length // 2] ^= 0x01
+    path.write_bytes(data)
+
+
+def test_a_damaged_checkpoint_falls_back_only_when_allowed(job, base):
+    """With [checkpoint] fallback_on_damage: the newest earlier checkpoint loads instead (all
+    its states, bitwise as if chosen), and the damaged one is kept aside as step-4.damaged."""
+    folder, build = job
+    _flip_one_bit(folder / "step-4" / "__0_0.distcp")
+    with pytest.raises(CheckpointError, match=r"step 4 .* is damaged"):
+        build()
+    assert sorted(p.name for p in folder.iterdir()) == ["step-2", "step-4"]
+    trainer = build("--checkpoint.fallback_on_damage", "true")
+    assert trainer.step == 2 and trainer.checkpointer.loaded_from == folder / "step-2"
+    assert sorted(p.name for p in folder.iterdir()) == ["step-2", "step-4.damaged"]
+    reference = build("--checkpoint.load_step", "2")
+    for key, value in reference.model_parts[0].state_dict().items():
+        assert torch.equal(trainer.model_parts[0].state_dict()[key], value), key
+    optimizer = trainer.checkpointer.states["optimizer"].state_dict()
+    for key, value in reference.checkpointer.states["optimizer"].state_dict().items():
+        same = torch.equal(optimizer[key], value) if torch.is_tensor(value) else \
+            optimizer[key] == value
+        assert same, key
+    _flip_one_bit(folder / "step-2" / "__0_0.distcp")
+    with pytest.raises(CheckpointError, match=r"step 2 .* is damaged: .*; no earlier complete "
+                                              r"checkpoint to fall back to"):
+        build("--checkpoint.fallback_on_damage", "true")
+
+
+def test_a_checkpoint_saved_before_checksums_loads_saying_so(job, base, caplog):
+    folder, build = job
+    (folder / "step-4" / "checksums.json").unlink()
+    with caplog.at_level("INFO", logger="torchtitan_like"):
+        trainer = build()
+    assert trainer.step == 4
+    assert "step-4 was saved without checksums (by a version before them): its bytes load " \
+           "unverified" in caplog.text
+    for key, value in trainer.model_parts[0].state_dict().items():
+        assert torch.equal(value, base[1][key]), key
+
+
 @pytest.mark.parametrize("mode", ["disabled", "async"])
 def test_a_full_disk_stops_the_run_naming_it_and_keeps_the_last_checkpoint(
         job, monkeypatch, mode):
@@ -108,11 +164,11 @@ def test_a_full_disk_stops_the_run_naming_it_and_keeps_the_last_checkpoint(
     folder, build = job
     shutil.rmtree(folder / "step-4")
 
-    class FullDisk(manager.FileSystemWriter):
+    class FullDisk(manager.ChecksumWriter):
         def write_data(self, plan, planner):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path / "x.distcp"))
 
-    monkeypatch.setattr(manager, "FileSystemWriter", FullDisk)
+    monkeypatch.setattr(manager, "ChecksumWriter", FullDisk)
     trainer = build("--checkpoint.async_mode", mode, "--training.steps", "6")  # 4: not the last
     assert trainer.step == 2
     with pytest.raises(CheckpointError) as error:
@@ -251,9 +307,12 @@ def test_a_save_failure_without_an_errno_is_named_by_the_free_space(tmp_path, mo
     monkeypatch.setattr(failure.shutil, "disk_usage", lambda p: usage(2**30, 2**30, 2**19))
     full = failure.save_failure(raised, 4, tmp_path, newest)
     assert isinstance(full, CheckpointError)
-    assert str(full).startswith("step 4: the save failed on rank 1: only 0.5 MiB free on the "
-                                f"file system of {tmp_path} (the newest checkpoint takes 1.0 "
-                                "MiB): the disk is full (RuntimeError: [enforce fail")
+    assert str(full) == (f"step 4: the save failed on rank 1: only 0.5 MiB free on the file "
+                         f"system of {tmp_path} (the newest checkpoint takes 1.0 MiB): the disk "
+                         "is full; the last complete checkpoint step-2 is kept")  # no zip words
+    first = failure.save_failure(raised, 2, tmp_path, None)  # no checkpoint yet: no size
+    assert str(first).endswith(f"{tmp_path} (below 16 MiB): the disk is full; no complete "
+                               "checkpoint exists yet")
     monkeypatch.setattr(failure.shutil, "disk_usage", lambda p: usage(2**40, 0, 2**39))
     other = failure.save_failure(raised, 4, tmp_path, newest)
     assert type(other) is RuntimeError and "rank 1: RuntimeError: [enforce fail" in str(other)

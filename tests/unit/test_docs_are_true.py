@@ -205,3 +205,13 @@ def test_design_dimension_table_names_real_functions():
         for part in name.split("."):
             target = getattr(target, part)
         assert callable(target), f"{path}.py: {name}"
+
+
+def test_design_dimension_table_names_one_file_per_dimension():
+    """Each dimension is applied for every model in one place: a row's "applied by" names the
+    functions of one file (what they use is listed under the table)."""
+    rows = [line.split("|") for line in _dimension_table().splitlines()
+            if line.startswith("| ") and "---" not in line][1:]
+    spread = {row[2].strip(): files for row in rows
+              if len(files := set(re.findall(r"`([\w/]+\.py): [\w.]+`", row[3]))) != 1}
+    assert not spread, f"rows whose 'applied by' does not name exactly one file: {spread}"

@@ -3,13 +3,19 @@ the cause, what the last line says, and that torch still builds its agent where 
 swaps in its own (tests/e2e/test_job_life.py runs it for real)."""
 
 import inspect
+import logging
 import signal
 
 from torch.distributed.launcher import api as launcher_api
 
 from torchtitan_like.distributed.lifecycle import Failure, first_failure, read_failures
 from torchtitan_like.exit_codes import FINAL, ExitCode
-from torchtitan_like.launch import JobAgent, _job_agent, final_line
+from torchtitan_like.launch import (
+    JobAgent,
+    _job_agent,
+    _one_thread_per_worker,
+    final_line,
+)
 
 
 def test_torch_builds_its_agent_by_the_name_the_launcher_replaces():
@@ -56,14 +62,17 @@ def test_failure_records_of_one_attempt(tmp_path, monkeypatch):
     assert [f.rank for f in read_failures(tmp_path, 0)] == [0]
 
 
-def test_torch_logs_the_signal_notices_the_launcher_leaves_out():
-    """The launcher filters these two records by their format string (Ctrl-C is one line)."""
+def test_torch_logs_the_notices_the_launcher_leaves_out():
+    """The launcher filters these records by their format string (Ctrl-C is one line, a
+    failure the launcher's last line)."""
     import importlib
 
-    from torchtitan_like.launch import SIGNAL_NOTICES
+    from torchtitan_like.launch import TORCH_NOTICES
 
-    for module, message in SIGNAL_NOTICES.items():
-        assert f'"{message}"' in inspect.getsource(importlib.import_module(module)), message
+    for module, messages in TORCH_NOTICES.items():
+        source = inspect.getsource(importlib.import_module(module))
+        for message in messages:
+            assert f'"{message}"' in source, message
 
 
 def test_ctrl_c_is_recognised_wherever_it_lands_and_a_stopping_job_fails_quietly(
@@ -112,3 +121,24 @@ def test_ctrl_c_is_recognised_wherever_it_lands_and_a_stopping_job_fails_quietly
     logged.clear()
     lifecycle.mark_stopping(tmp_path)
     assert failure_report.report_failure(lost_peer) == ExitCode.INTERRUPTED and logged == []
+
+
+def test_torchruns_banners_are_left_out_and_omp_threads_set_without_one(monkeypatch, caplog):
+    """The launcher's last line replaces torch's failure banners; its workers get one OpenMP
+    thread each (torchrun's default for several workers), without torchrun's banner."""
+    import argparse
+    import os
+
+    elastic = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    with caplog.at_level(logging.INFO, logger=elastic.name), _job_agent(outcome=None):
+        elastic.error("failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s", 4, 0, 1,
+                      "python")
+        elastic.warning("Sending process %s closing signal %s", 1, "SIGTERM")
+        elastic.warning("something else")
+    assert [r.getMessage() for r in caplog.records] == ["something else"]
+    monkeypatch.setenv("OMP_NUM_THREADS", "0")  # restored (or removed) afterwards
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    _one_thread_per_worker(argparse.Namespace(nproc_per_node="1"))
+    assert "OMP_NUM_THREADS" not in os.environ
+    _one_thread_per_worker(argparse.Namespace(nproc_per_node="2"))
+    assert os.environ["OMP_NUM_THREADS"] == "1"

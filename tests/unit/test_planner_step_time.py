@@ -31,7 +31,7 @@ from torchtitan_like.tools.planner import (
     why_better,
 )
 from torchtitan_like.tools.planner import step_time as st
-from torchtitan_like.tools.planner.communication import rate_at
+from torchtitan_like.tools.planner.links import rate_at
 from torchtitan_like.tools.planner.search import complexity, rank
 
 H100 = GPUS["H100"]
@@ -148,9 +148,15 @@ def test_a_measured_link_curve_prices_each_dimension_at_its_own_message_size():
     layout = Layout(dp_shard=4, tp=2, ac="none")
     curved = {c.dim: c for c in communication(M8B, node, WORK, layout, 1)}
     flat = {c.dim: c for c in communication(M8B, Cluster(H100), WORK, layout, 1)}
+    message = curved["tp"].bytes_per_step / curved["tp"].hops
+    assert curved["tp"].bandwidth_gbps == pytest.approx(rate_at(curve, message))
+    # FSDP's two gathers (bf16) and its reduction (fp32) each at their own shard's rate: as
+    # many bytes each way, over two thirds and one third of the ring steps
+    fsdp, hops = curved["fsdp"], curved["fsdp"].hops / 3
+    half = fsdp.bytes_per_step / 2
+    seconds = half / rate_at(curve, half / (2 * hops)) + half / rate_at(curve, half / hops)
+    assert fsdp.bytes_per_step / fsdp.bandwidth_gbps == pytest.approx(seconds)
     for dim in ("tp", "fsdp"):
-        message = curved[dim].bytes_per_step / curved[dim].hops
-        assert curved[dim].bandwidth_gbps == pytest.approx(rate_at(curve, message))
         assert flat[dim].bandwidth_gbps == H100.intra_node_gbps
     assert curved["tp"].bandwidth_gbps > curved["fsdp"].bandwidth_gbps  # 16 MiB vs larger shards
 

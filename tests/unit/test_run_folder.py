@@ -3,6 +3,7 @@ a held folder is refused naming its holder, a lock whose holder is gone is taken
 pid on this host, stale heartbeat on another, an earlier attempt of the same job), and a fresh
 run refuses another run's outputs unless it archives them."""
 
+import errno
 import json
 import os
 import signal
@@ -13,14 +14,9 @@ import time
 
 import pytest
 
-from torchtitan_like.components.run_folder import (
-    LOCK_FILE,
-    DumpFolderInUse,
-    FolderLock,
-    archive,
-    check_fresh_start,
-    resumes,
-)
+from torchtitan_like.components.checkpoint.validate import validate_checkpoint
+from torchtitan_like.components.run_folder import LOCK_FILE, DumpFolderInUse, FolderLock
+from torchtitan_like.components.run_outputs import archive, check_fresh_start, resumes
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.manager import build_job_config
 
@@ -130,7 +126,7 @@ def test_a_fresh_run_refuses_another_runs_outputs_or_archives_them(tmp_path):
     assert target.parent.name == "archive" and target.parent.parent == tmp_path
 
 
-def test_a_resumed_run_or_a_restarted_attempt_continues_its_folder(tmp_path, monkeypatch):
+def test_a_resumed_run_continues_its_folder(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
     step = tmp_path / "checkpoint" / "step-2"
     step.mkdir(parents=True)
@@ -143,5 +139,104 @@ def test_a_resumed_run_or_a_restarted_attempt_continues_its_folder(tmp_path, mon
         check_fresh_start(config(tmp_path, ckpt, "--checkpoint.exclude_from_loading=train_state"))
     (step / "checkpoint.json").write_text("{")  # unreadable: loading will say so (exit 4)
     assert resumes(config(tmp_path, ckpt))
+
+
+def checkpoint(folder, step, states=("model", "optimizer", "train_state")):
+    path = folder / "checkpoint" / f"step-{step}"
+    path.mkdir(parents=True)
+    (path / "checkpoint.json").write_text(json.dumps({"step": step, "states": list(states)}))
+    return path
+
+
+def files(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def test_overwrite_is_a_fresh_run_that_archives_the_other_run_whole(tmp_path):
+    """With a resumable checkpoint there: no resume; metrics, config copy, TensorBoard events,
+    every checkpoint folder entry and the markers move to one archive folder; a seed stays."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    (tmp_path / "config.toml").write_text("[job]\n")
+    (tmp_path / "tb").mkdir()
+    (tmp_path / "tb" / "events.out.tfevents.1.host").write_bytes(b"x")
+    checkpoint(tmp_path, 0, ["model"])  # a seed: where the fresh run starts
+    for step in (2, 4):
+        checkpoint(tmp_path, step)
+    (tmp_path / "checkpoint" / "step-6.partial").mkdir()
+    (tmp_path / "checkpoint" / "step-4-hf").mkdir()
+    (tmp_path / ".fault_injected_rank1_step3_step").write_text("x")
+    before = files(tmp_path)
+    ckpt = ["--checkpoint.enable=true", "--job.overwrite=true"]
+    assert not resumes(config(tmp_path, *ckpt))
+    target = archive(config(tmp_path, *ckpt), check_fresh_start(config(tmp_path, *ckpt)))
+    assert sorted(p.name for p in (target / "checkpoint").iterdir()) == [
+        "step-2", "step-4", "step-4-hf", "step-6.partial"]
+    assert files(target) == [f for f in before if not f.startswith("checkpoint/step-0/")]
+    assert files(tmp_path) == sorted(["checkpoint/step-0/checkpoint.json",
+                                      *(f"archive/{target.name}/{f}" for f in files(target))])
+    assert check_fresh_start(config(tmp_path, "--checkpoint.enable=true")) == []
+    with pytest.raises(ConfigError, match=r"load_step = 2 resumes a run, but \[job\] overwrite"):
+        validate_checkpoint(config(tmp_path, *ckpt, "--checkpoint.load_step=2"), 1)
+
+
+def test_an_archive_is_complete_or_refused(tmp_path, monkeypatch):
+    """An output that cannot be moved refuses the job before anything moves; a move that
+    fails halfway is undone."""
+    from torchtitan_like.components import run_outputs
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    checkpoint(tmp_path, 2)
+    ckpt = config(tmp_path, "--checkpoint.enable=true", "--job.overwrite=true")
+    before = files(tmp_path)
+    monkeypatch.setattr(run_outputs.os, "access",
+                        lambda path, mode: not str(path).endswith("checkpoint"))
+    with pytest.raises(ConfigError, match=r"cannot archive .*checkpoint is not writable; move "
+                                          r"them away yourself"):
+        archive(ckpt, check_fresh_start(ckpt))
+    assert files(tmp_path) == before
+    monkeypatch.undo()
+    renamed = []
+
+    def rename(source, destination):
+        if renamed and "/archive/" not in str(source):  # the second move; undoing works
+            raise OSError(errno.EIO, "I/O error", str(source))
+        renamed.append(source)
+        os.replace(source, destination)
+
+    monkeypatch.setattr(run_outputs.os, "rename", rename)
+    with pytest.raises(ConfigError, match=r"archiving into .* failed \(an I/O error of the "
+                                          r"device .*\); nothing was moved"):
+        archive(ckpt, check_fresh_start(ckpt))
+    assert files(tmp_path) == before and not (tmp_path / "archive").exists()
+
+
+def test_a_restart_continues_the_outputs_its_job_claimed(tmp_path, monkeypatch):
+    """The record says the previous attempt applied the run-folder rule: a restart of its job
+    continues (no second archive, no fresh start); another job applies the rule."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run-7")
+    first = FolderLock(tmp_path)
+    assert not first.acquire()
+    first.rule_applied()
+    first.release(keep_record=True)  # the attempt died of an unexpected error
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    assert check_fresh_start(config(tmp_path)) == []
+    restarted = FolderLock(tmp_path)
+    assert restarted.acquire()  # continues its job's outputs
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["rule_applied"]
+    restarted.release(keep_record=True)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run-8")
+    other = FolderLock(tmp_path)
+    assert not other.acquire()
+    other.release()
+
+
+def test_a_job_that_died_leaves_its_record_for_the_warning(tmp_path, caplog):
+    """Ended by an unexpected error: the record stays and the next job says it takes over;
+    after a clean end (or a failure the job understood) the folder is simply free."""
+    lock = FolderLock(tmp_path)
+    lock.acquire()
+    lock.release(keep_record=True)
+    with caplog.at_level("WARNING", logger="torchtitan_like"):
+        FolderLock(tmp_path).acquire()
+    assert f"taking over the lock of pid {os.getpid()}" in caplog.text
+    assert "which ended without releasing it (killed, or stopped by an unexpected error" \
+        in caplog.text

@@ -33,8 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from torch.distributed.checkpoint import FileSystemWriter
 
+from torchtitan_like.components.checkpoint.checksums import ChecksumWriter
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.logging import logger
@@ -81,8 +81,8 @@ def _die(trainer_pid: int, marker: Path, message: str) -> None:
     os._exit(137)  # only reached in a writer process whose trainer was just killed
 
 
-class _DyingWriter(FileSystemWriter):
-    """A FileSystemWriter that kills the trainer right after writing this rank's files, before
+class _DyingWriter(ChecksumWriter):
+    """The checkpoint writer, killing the trainer right after writing this rank's files, before
     the coordinator can finish the checkpoint. Picklable, so it also works in the writer
     process of ``async_with_pinned_mem``."""
 
@@ -119,7 +119,7 @@ class FaultInjector:
         if self.armed and self.point == "step" and step == self.step:
             self._die(step)()
 
-    def storage_writer(self, path: str, step: int) -> FileSystemWriter | None:
+    def storage_writer(self, path: str, step: int) -> ChecksumWriter | None:
         """The writer for the checkpoint of ``step``: a dying one at the ``save`` fault point."""
         if self.armed and self.point == "save" and step == self.step:
             return _DyingWriter(path, self._die(step))

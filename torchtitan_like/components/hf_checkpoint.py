@@ -6,6 +6,10 @@ and config come from the model's ``HFAdapter`` (ModelSpec.hf_adapter). Loading H
 a *sharded* training job goes through DCP's HuggingFaceStorageReader instead
 (``[checkpoint] initial_load_in_hf``, components/checkpoint/manager.py), which reads each
 rank's slices.
+
+Every file written carries the CRC-32 of each tensor, and every load checks them
+(components/checkpoint/hf_checksums.py); DCP checkpoints are read and written through the
+checksum reader and writer (components/checkpoint/checksums.py).
 """
 
 from __future__ import annotations
@@ -18,9 +22,18 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
+from torch.distributed.checkpoint import CheckpointException
 
+from torchtitan_like.components.checkpoint.checksums import (
+    ChecksumReader,
+    ChecksumWriter,
+    checksums_of,
+)
+from torchtitan_like.components.checkpoint.failure import load_failure
 from torchtitan_like.components.checkpoint.folder import publish, read_info
+from torchtitan_like.components.checkpoint.hf_checksums import checksum_metadata, load_verified
+from torchtitan_like.logging import logger
 from torchtitan_like.models.registry import (
     apply_overrides,
     get_model_args,
@@ -51,7 +64,7 @@ def save_hf(state_dict: dict[str, torch.Tensor], adapter: HFAdapter, folder: Pat
                        f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors")
              for i in range(len(shards))]
     for file, shard in zip(files, shards, strict=True):
-        save_file(shard, str(file), metadata={"format": "pt"})
+        save_file(shard, str(file), metadata={"format": "pt", **checksum_metadata(shard)})
     if len(shards) > 1:
         index = {"metadata": {"total_size": sum(t.numel() * t.element_size()
                                                 for t in tensors.values())},
@@ -68,8 +81,14 @@ def load_hf(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         raise ValueError(f"{folder}: not a HuggingFace model folder (config.json and "
                          "*.safetensors expected)")
     tensors: dict[str, torch.Tensor] = {}
+    verified = True
     for file in files:
-        tensors.update(load_file(str(file)))
+        loaded, has_crcs = load_verified(file)
+        tensors.update(loaded)
+        verified &= has_crcs
+    if not verified:
+        logger.info(f"{folder}: its safetensors carry no checksums (not written by "
+                    "torchtitan_like): loaded unverified")
     return json.loads((folder / "config.json").read_text()), tensors
 
 
@@ -148,7 +167,11 @@ def model_from_checkpoint(spec: ModelSpec, checkpoint: Path, flavor: str | None 
     state = model.state_dict()
     with warnings.catch_warnings():  # "... assuming the intent is to load in a single process"
         warnings.filterwarnings("ignore", "torch.distributed is disabled")
-        dcp.load({"model": state}, checkpoint_id=str(checkpoint), no_dist=True)
+        try:
+            dcp.load({"model": state}, no_dist=True, storage_reader=ChecksumReader(
+                checkpoint, checksums_of(checkpoint)))
+        except (Exception, CheckpointException) as e:  # the latter is a BaseException
+            raise load_failure(e, f"checkpoint {checkpoint}", checkpoint) from e
     model.load_state_dict(state)
     return model, args
 
@@ -185,7 +208,7 @@ def hf_to_seed_checkpoint(spec: ModelSpec, hf_folder: Path, checkpoint_folder: P
         raise ValueError(f"{final} exists already; choose an empty checkpoint folder")
     partial = checkpoint_folder / "step-0.partial"
     state = {k: v.contiguous() for k, v in adapter.from_hf(hf_tensors).items()}
-    dcp.save({"model": state}, checkpoint_id=str(partial), no_dist=True)
+    dcp.save({"model": state}, storage_writer=ChecksumWriter(partial), no_dist=True)
     dtypes = {t.dtype for t in state.values()}
     publish(partial, final, {"step": 0, "states": ["model"], "source": str(hf_folder),
                              "model": {"name": spec.name, "flavor": flavor,

@@ -20,6 +20,7 @@ import torch
 
 from torchtitan_like.components.data.tokenizer import Tokenizer, build_tokenizer
 from torchtitan_like.components.hf_checkpoint import model_from_checkpoint, save_hf
+from torchtitan_like.components.storage import writing
 from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
@@ -125,9 +126,12 @@ def exports_last_save(config: JobConfig) -> bool:
 
 def export_last_save(config: JobConfig, checkpoint_folder: Path, step: int) -> Path:
     """``[checkpoint] last_save_in_hf``: the complete last save step-N as step-N-hf (one
-    process reads the DCP files, whatever layout wrote them)."""
+    process reads the DCP files, whatever layout wrote them, checking their checksums; the
+    safetensors carry their own)."""
     folder = checkpoint_folder / f"step-{step}-hf"
-    export_checkpoint(get_model_spec(config.model.name), checkpoint_folder / f"step-{step}",
-                      folder, config.model.tokenizer_path, DTYPES[config.checkpoint.export_dtype])
+    with writing("the HuggingFace export", folder):  # a full disk: one line, exit 4
+        export_checkpoint(get_model_spec(config.model.name), checkpoint_folder / f"step-{step}",
+                          folder, config.model.tokenizer_path,
+                          DTYPES[config.checkpoint.export_dtype])
     logger.info(f"checkpoint step {step}: HuggingFace folder written to {folder}")
     return folder

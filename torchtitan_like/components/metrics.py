@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from torchtitan_like.components.progress import Progress
+from torchtitan_like.components.storage import writing
 from torchtitan_like.components.trackers import TensorBoardTracker, Tracker, build_trackers
 from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.config.job_config import JobConfig
@@ -169,16 +170,19 @@ class MetricsLogger:
     def _open(self) -> None:
         """Open the files at the first record, when the job has started: a job that fails
         before (config, data, checkpoint loading) leaves an earlier run's metrics intact."""
-        self.dump_folder.mkdir(parents=True, exist_ok=True)
         path = self.dump_folder / "metrics.jsonl"
         resume_step = self.resume_step
-        if resume_step > 0:
-            self._truncate(path, resume_step)
-        self.jsonl = open(path, "a" if resume_step > 0 else "w")  # noqa: SIM115
+        with writing("metrics.jsonl", path):
+            self.dump_folder.mkdir(parents=True, exist_ok=True)
+            if resume_step > 0:
+                self._truncate(path, resume_step)
+            self.jsonl = open(path, "a" if resume_step > 0 else "w")  # noqa: SIM115
         if self.tb_folder is not None:
             # purge_step drops the events of the steps after resume_step the same way.
             purge = resume_step + 1 if resume_step > 0 else None
-            self.trackers.insert(0, TensorBoardTracker(self.dump_folder / self.tb_folder, purge))
+            folder = self.dump_folder / self.tb_folder
+            with writing("TensorBoard events", folder):
+                self.trackers.insert(0, TensorBoardTracker(folder, purge))
         if resume_step > 0:
             self._record({"step": resume_step, "resumed": True})
 
@@ -296,27 +300,40 @@ class MetricsLogger:
         if self.writer and self.jsonl is None:
             self._open()
             if self.config_toml:  # runnable again: --job.config_file dump_folder/config.toml
-                (self.dump_folder / "config.toml").write_text(self.config_toml)
+                config = self.dump_folder / "config.toml"
+                with writing("the config copy", config):
+                    config.write_text(self.config_toml)
         if self.jsonl is not None:
             self._record(record)
 
     def _record(self, record: dict[str, Any]) -> None:
-        """One line of metrics.jsonl, and the same record to every tracker."""
-        self.jsonl.write(json.dumps(record) + "\n")
-        self.jsonl.flush()
+        """One line of metrics.jsonl, and the same record to every tracker (a write that
+        fails for good: one StorageError naming the file, components/storage.py)."""
+        with writing("metrics.jsonl", self.dump_folder / "metrics.jsonl"):
+            self.jsonl.write(json.dumps(record) + "\n")
+            self.jsonl.flush()
         for tracker in self.trackers:
-            tracker.log(record["step"], record)
+            with writing(tracker.what):
+                tracker.log(record["step"], record)
 
     def close(self) -> None:
         """Close the file and the trackers (again: a no-op; TensorBoard's buffered events are
         written). Nothing is written, or reopened, afterwards."""
         self.writer = False
+        closing = [(tracker.what, tracker.close) for tracker in self.trackers]
         if self.jsonl is not None:
-            self.jsonl.close()
-            self.jsonl = None
-        for tracker in self.trackers:
-            tracker.close()
-        self.trackers = []
+            closing.insert(0, (f"metrics.jsonl ({self.dump_folder / 'metrics.jsonl'})",
+                               self.jsonl.close))
+        self.jsonl, self.trackers = None, []
+        failures = []
+        for what, close in closing:  # each one, whatever the others do
+            try:
+                with writing(what):
+                    close()
+            except Exception as e:
+                failures.append(e)
+        if failures:
+            raise failures[0]
 
 
 def build_metrics(config: JobConfig, parallel_dims: ParallelDims, model_args: BaseModelArgs,

@@ -1,27 +1,28 @@
-"""One job per dump folder, and one run's outputs per dump folder.
+"""One job per dump folder: the lock, and the run-folder rule applied under it.
 
 **The lock.** Rank 0 of a job holds ``{dump_folder}/job.lock`` from before the trainer is built
 until the job ends; a second job on the folder stops with one line naming the holder (host,
 pid, start, last heartbeat), before it touched anything. The lock is a kernel ``flock`` on the
-file: released by the kernel however the holder ends (SIGKILL included), so a lock left by a
-dead job on the same machine is taken over without asking. The file's content names the holder,
-and a daemon thread refreshes its modification time every ``HEARTBEAT_S``: where the file
-system's locks do not reach other hosts (a node-local ``flock``), a record of another host
-refreshed within ``STALE_AFTER_S`` still counts as held, and a staler one as abandoned. A
-restarted attempt of the same torchrun job (same run id, later attempt) takes over its previous
-attempt's lock, which its agents already stopped. On a file system without ``flock`` the
-content alone decides (a pid that is alive on this host, a fresh heartbeat elsewhere), without
-protection against two jobs starting in the same instant.
+file: released by the kernel however the holder ends (SIGKILL included). The file's content
+names the holder, and a daemon thread refreshes its modification time every ``HEARTBEAT_S``:
+where the file system's locks do not reach other hosts (a node-local ``flock``), a record of
+another host refreshed within ``STALE_AFTER_S`` still counts as held, and a staler one as
+abandoned. On a file system without ``flock`` the content alone decides (a pid that is alive
+on this host, a fresh heartbeat elsewhere), without protection against two jobs starting in
+the same instant.
 
-**The run-folder rule.** A run that does not resume from a checkpoint of the folder (step 0:
-no ``[checkpoint] enable``, no resumable checkpoint, ``train_state`` excluded) refuses to start
-in a folder holding another run's ``metrics.jsonl``, TensorBoard events, or (when it does not
-manage checkpoints itself) checkpoints: mixed outputs would make TensorBoard and metrics.jsonl
-disagree and a later resume load another run's state. ``[job] overwrite = true`` moves them to
-``{dump_folder}/archive/<time>/`` first (nothing is deleted). A resumed run continues the folder
-as before (records and events past the checkpoint are dropped, components/metrics.py). The rule
-runs before torchrun starts (preflight.py) and again in the job under the lock; a restarted
-attempt of a job (torchrun's ``TORCHELASTIC_RESTART_COUNT > 0``) continues its own outputs.
+**How a holder ends.** A job that ends normally, or with a failure it understood (one line and
+its exit code), empties the record: the folder is free. A job killed, or stopped by an
+unexpected error, leaves its record, and the next job takes the folder over with a warning
+naming it (the lock is free, but that job's outputs may be cut short). A restarted attempt of
+the same torchrun job (same run id, later attempt) takes over its previous attempt's record
+silently, and continues its own outputs when that attempt had applied the run-folder rule
+(``rule_applied`` in the record): its archive is not made twice, and a restart of an
+``overwrite`` job resumes its own checkpoints, never the archived run's.
+
+**The run-folder rule** (components/run_outputs.py) runs before torchrun starts (preflight.py)
+and again in the job, under the lock. Every write of the lock record is framed by
+``storage.writing``: a full disk there is one ``storage error:`` line (exit 4).
 """
 
 from __future__ import annotations
@@ -32,17 +33,16 @@ import errno
 import fcntl
 import json
 import os
-import shutil
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch.distributed as dist
 
-from torchtitan_like.components.checkpoint.folder import read_info, step_folders
-from torchtitan_like.components.checkpoint.validate import CheckpointError
+from torchtitan_like.components.run_outputs import archive, check_fresh_start
+from torchtitan_like.components.storage import writing
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.logging import logger
@@ -52,7 +52,6 @@ HEARTBEAT_S = 10.0
 """How often the holder refreshes the lock file's modification time."""
 STALE_AFTER_S = 60.0
 """A lock record of another host not refreshed for this long belongs to a job that is gone."""
-ARCHIVE = "archive"
 
 
 class DumpFolderInUse(RuntimeError):
@@ -70,6 +69,8 @@ class Holder:
     """torchrun's run id (TORCHELASTIC_RUN_ID), empty outside torchrun."""
     attempt: int = 0
     """torchrun's restart count of that job."""
+    rule_applied: bool = False
+    """The holder applied the run-folder rule (a restart of its job continues its outputs)."""
 
     @classmethod
     def this_process(cls) -> Holder:
@@ -156,27 +157,50 @@ class FolderLock:
             return previous.describe(age)
         if taking:
             logger.warning(f"{self.path}: taking over the lock of {previous.describe(age)}, "
-                           "which ended without releasing it")
+                           "which ended without releasing it (killed, or stopped by an "
+                           "unexpected error: its outputs may be cut short)")
         return None
 
-    def acquire(self) -> None:
-        """Hold the folder, or raise DumpFolderInUse naming the job that does."""
+    def acquire(self) -> bool:
+        """Hold the folder, or raise DumpFolderInUse naming the job that does. True when the
+        previous holder was an earlier attempt of this job that applied the run-folder rule
+        (this attempt continues its outputs)."""
         fd = self._open()
         locked = self._try_flock(fd)
         if locked is None:
             logger.warning(f"{self.path}: this file system has no flock; the lock relies on its "
                            "content (pid, host, heartbeat) alone")
+        previous = _read_holder(fd)
         holder = self._held_elsewhere(fd, locked)
         if holder is not None:
             os.close(fd)  # also drops a flock that a node-local lock gave us
             raise DumpFolderInUse(f"{self.path.parent} is used by a running job: {holder} "
                                   f"(lock file {self.path}); wait for it to end, or choose "
                                   "another [job] dump_folder")
-        record = json.dumps(dataclasses.asdict(Holder.this_process())).encode()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, record, 0)
-        os.fsync(fd)
         self._fd = fd
+        me = Holder.this_process()
+        continues = (previous is not None and previous.is_earlier_attempt_of(me)
+                     and previous.rule_applied)
+        try:
+            self._write_record(dataclasses.replace(me, rule_applied=continues))
+        except BaseException:
+            self.release(keep_record=True)
+            raise
+        self._start_heartbeat()
+        return continues
+
+    def _write_record(self, holder: Holder) -> None:
+        with writing("the dump folder's lock record", self.path):
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, json.dumps(dataclasses.asdict(holder)).encode(), 0)
+            os.fsync(self._fd)
+
+    def rule_applied(self) -> None:
+        """Record that this holder applied the run-folder rule (for a restart of its job)."""
+        record = _read_holder(self._fd) or Holder.this_process()
+        self._write_record(dataclasses.replace(record, rule_applied=True))
+
+    def _start_heartbeat(self) -> None:
         self._stop.clear()
         self._thread = threading.Thread(target=self._heartbeat, daemon=True,
                                         name="dump-folder-lock")
@@ -187,15 +211,18 @@ class FolderLock:
             with contextlib.suppress(OSError):
                 os.utime(self._fd)
 
-    def release(self) -> None:
-        """Give the folder up: the record is emptied (free), then the kernel lock dropped."""
+    def release(self, keep_record: bool = False) -> None:
+        """Give the folder up: the record is emptied (free) unless ``keep_record`` (a job
+        stopped by an unexpected error: the next holder says it took it over), then the kernel
+        lock dropped."""
         if self._fd is None:
             return
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=1.0)
-        with contextlib.suppress(OSError):
-            os.ftruncate(self._fd, 0)
+        if not keep_record:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, 0)
         os.close(self._fd)
         self._fd = None
 
@@ -213,102 +240,6 @@ class FolderLock:
             os.close(fd)  # releases the probe's flock
 
 
-# ------------------------------------------------------------------------- the run-folder rule
-
-
-def resumes(config: JobConfig) -> bool:
-    """Whether the job continues a run of its folder: the checkpoint it would load (load_step,
-    else the newest) holds a train state that is loaded. A checkpoint that cannot be read
-    counts as one: loading reports it (exit 4) before anything is written."""
-    c = config.checkpoint
-    if not c.enable or "train_state" in c.exclude_from_loading:
-        return False
-    found = step_folders(Path(config.job.dump_folder) / c.folder)
-    if c.load_step >= 0:
-        found = {c.load_step: found[c.load_step]} if c.load_step in found else {}
-        if not found:
-            return True  # the checkpoint manager names what is missing
-    for path in reversed(found.values()):
-        try:
-            if "train_state" in read_info(path)["states"]:
-                return True
-        except CheckpointError:
-            return True
-    return False
-
-
-def earlier_outputs(config: JobConfig) -> list[Path]:
-    """What another run left in the dump folder that a run starting at step 0 would mix with:
-    metrics.jsonl, TensorBoard event files, and checkpoints unless this run manages them."""
-    dump = Path(config.job.dump_folder)
-    metrics = dump / "metrics.jsonl"
-    found = [metrics] if metrics.is_file() and metrics.stat().st_size > 0 else []
-    tb = dump / config.metrics.save_tb_folder
-    found += sorted(tb.glob("events.out.tfevents.*")) if tb.is_dir() else []
-    checkpoints = dump / config.checkpoint.folder
-    if not config.checkpoint.enable and checkpoints.is_dir():
-        found += sorted(p for p in checkpoints.glob("step-*") if p.is_dir())
-    return found
-
-
-def _summary(outputs: list[Path], config: JobConfig) -> str:
-    dump = Path(config.job.dump_folder)
-    events = sum(p.name.startswith("events.out.tfevents.") for p in outputs)
-    checkpoints = sum(p.name.startswith("step-") for p in outputs)
-    parts = (["metrics.jsonl"] if dump / "metrics.jsonl" in outputs else []) + \
-        ([f"{events} TensorBoard event file(s)"] if events else []) + \
-        ([f"{checkpoints} checkpoint(s)"] if checkpoints else [])
-    return ", ".join(parts)
-
-
-def _why_step_0(config: JobConfig) -> str:
-    c = config.checkpoint
-    if not c.enable:
-        return "[checkpoint] enable = false"
-    if "train_state" in c.exclude_from_loading:
-        return "train_state is excluded from loading"
-    return f"no resumable checkpoint in {Path(config.job.dump_folder) / c.folder}"
-
-
-def is_restart() -> bool:
-    """A restarted attempt of a torchrun job: the folder's outputs are its own."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0
-
-
-def check_fresh_start(config: JobConfig) -> list[Path]:
-    """The outputs a fresh start would archive; ConfigError when there are some and
-    ``[job] overwrite`` is off. Nothing to check for a resumed run or a restarted attempt."""
-    if is_restart() or resumes(config):
-        return []
-    outputs = earlier_outputs(config)
-    if outputs and not config.job.overwrite:
-        dump = config.job.dump_folder
-        raise ConfigError(
-            f"[job] dump_folder = {dump} holds another run's outputs ({_summary(outputs, config)}) "
-            f"and this run starts at step 0 ({_why_step_0(config)}): set [job] overwrite = true "
-            f"to move them to {dump}/{ARCHIVE}/ first, or choose another dump_folder")
-    return outputs
-
-
-def archive(config: JobConfig, outputs: list[Path]) -> Path:
-    """Move ``outputs`` (and fault-injection markers) under ``{dump}/archive/<time>/``,
-    keeping their paths relative to the dump folder."""
-    dump = Path(config.job.dump_folder)
-    target = dump / ARCHIVE / time.strftime("%Y%m%d-%H%M%S")
-    while target.exists():
-        target = target.with_name(target.name + "-1")
-    for path in [*outputs, *dump.glob(".fault_injected_*")]:
-        try:
-            relative = path.relative_to(dump)
-        except ValueError:  # a TensorBoard or checkpoint folder outside the dump folder
-            relative = Path("outside", path.name)
-        (target / relative).parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(path, target / relative)
-    logger.info(f"[job] overwrite: moved the earlier run's {_summary(outputs, config)} to "
-                f"{target}")
-    return target
-
-
 def check_before_start(config: JobConfig) -> None:
     """The checks run before torchrun starts (preflight.py): the folder is not held by a
     running job, and a fresh start does not mix with another run's outputs."""
@@ -320,18 +251,22 @@ def check_before_start(config: JobConfig) -> None:
 
 
 @contextlib.contextmanager
-def claimed(config: JobConfig) -> Iterator[None]:
+def claimed(config: JobConfig,
+            ended_cleanly: Callable[[BaseException], bool] = lambda e: False) -> Iterator[None]:
     """The job's hold on its dump folder, for the ``with`` block: rank 0 takes the lock and
-    applies the run-folder rule (archiving under overwrite); every rank learns the outcome
-    and raises the same error when the job may not run here."""
+    applies the run-folder rule (archiving under overwrite) unless it continues an earlier
+    attempt of its job that did; every rank learns the outcome and raises the same error when
+    the job may not run here. A ``with`` block that ends with an exception for which
+    ``ended_cleanly`` is false leaves the lock record (module docstring)."""
     lock, error = None, None
     if dist.get_rank() == 0:
         try:
             lock = FolderLock(Path(config.job.dump_folder))
-            lock.acquire()
-            outputs = check_fresh_start(config)
-            if outputs:
-                archive(config, outputs)
+            if not lock.acquire():
+                outputs = check_fresh_start(config)
+                if outputs:
+                    archive(config, outputs)
+                lock.rule_applied()
         except Exception as e:  # every rank stops with rank 0's error
             error = e
             if lock is not None:
@@ -341,8 +276,12 @@ def claimed(config: JobConfig) -> Iterator[None]:
         dist.broadcast_object_list(verdict, src=0)
     if verdict[0] is not None:
         raise verdict[0]
+    keep_record = False
     try:
         yield
+    except BaseException as e:
+        keep_record = not ended_cleanly(e)
+        raise
     finally:
         if lock is not None:
-            lock.release()
+            lock.release(keep_record)

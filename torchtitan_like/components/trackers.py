@@ -14,6 +14,12 @@ letting each run's records replace the earlier runs' records after its marker st
 gives the file's records. (W&B's own "rewind" of a run is a private preview, and its normal
 resume drops steps that go backwards, so one run per resumed job is the portable choice.)
 
+A tracker's write that fails for a reason a restart meets again (a full disk under TensorBoard's
+folder or MLflow's file store) stops the job with one ``storage error:`` line naming the tracker
+(components/storage.py; MetricsLogger frames every call with ``Tracker.what``). TensorBoard
+writes from a thread of its own, which would print the error's traceback before the job's
+line; the thread's OSError is left to the main thread, which raises it at the next record.
+
 Both trackers are optional extras (``pip install 'torchtitan_like[wandb]'`` / ``[mlflow]``),
 imported when the first record is written, so that a job that fails before its first step
 creates no run; ``validate`` refuses a tracker whose package is missing, with one line.
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +47,9 @@ MLFLOW_BATCH = 100
 class Tracker(Protocol):
     """The interface ``MetricsLogger`` writes through."""
 
+    what: str
+    """What it writes to, in the words of a failed write (``TensorBoard events (folder)``)."""
+
     def log(self, step: int, record: dict[str, Any]) -> None:
         """One record of ``metrics.jsonl`` (``record["step"] == step``)."""
 
@@ -51,18 +61,39 @@ def _values(record: dict[str, Any]) -> Iterator[tuple[str, Any]]:
     return ((k, v) for k, v in record.items() if k != "step" and v is not None)
 
 
+def _tensorboard_thread_hook(previous: Any) -> Any:
+    """``threading.excepthook`` that leaves the OSError of TensorBoard's writer thread to the
+    main thread (tensorboard raises it there at the next write: one line, not a traceback per
+    thread); every other thread's exception goes to ``previous``."""
+    from tensorboard.summary.writer import event_file_writer
+
+    writer_thread = getattr(event_file_writer, "_AsyncWriterThread", None)
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if writer_thread is None or not (isinstance(args.thread, writer_thread)
+                                         and isinstance(args.exc_value, OSError)):
+            previous(args)
+
+    hook.tensorboard = True  # type: ignore[attr-defined]
+    return hook
+
+
 class TensorBoardTracker:
     """Scalars to TensorBoard event files; ``purge_step`` drops a failed run's later events."""
 
     def __init__(self, folder: Path, purge_step: int | None = None):
         from torch.utils.tensorboard import SummaryWriter
 
+        self.what = f"TensorBoard events ({folder})"
+        if not getattr(threading.excepthook, "tensorboard", False):
+            threading.excepthook = _tensorboard_thread_hook(threading.excepthook)
         self.writer = SummaryWriter(folder, purge_step=purge_step)
 
     def log(self, step: int, record: dict[str, Any]) -> None:
         for key, value in _values(record):
             if isinstance(value, (int, float)):
                 self.writer.add_scalar(key, value, step)
+        self.writer.flush()  # a failed write surfaces with its record, not at the next one
 
     def close(self) -> None:
         self.writer.close()
@@ -87,6 +118,7 @@ class WandbTracker:
     def __init__(self, identity: _RunIdentity, entity: str):
         self.identity, self.entity = identity, entity
         self.run: Any = None
+        self.what = f"the W&B run (under {identity.dump_folder / 'wandb'})"
 
     def _start(self) -> None:
         import wandb
@@ -123,6 +155,7 @@ class MlflowTracker:
                     or (identity.dump_folder / "mlruns").resolve().as_uri())
         self.client: Any = None
         self.run_id = ""
+        self.what = f"the MLflow run ({self.uri})"
 
     def _start(self) -> None:
         if self.uri.startswith("file:"):

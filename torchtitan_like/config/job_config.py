@@ -40,7 +40,7 @@ class Job:
     """Modules imported at start-up (dotted names or .py paths), e.g. one that registers a model."""
 
     overwrite: bool = False
-    """A fresh run into a folder with another run's outputs archives them (dump_folder/archive)."""
+    """A fresh run: the folder's earlier outputs, checkpoints too, go to dump_folder/archive."""
 
     trainer: str = ""
     """Trainer subclass to run, "module:Class" (a dotted name or .py path); empty = Trainer."""
@@ -361,6 +361,9 @@ class Checkpoint:
 
     initial_load_in_hf: bool = False
     """initial_load_path is a HuggingFace folder (config.json + *.safetensors)."""
+
+    fallback_on_damage: bool = False
+    """Resume from the newest earlier checkpoint when the one to resume is damaged (else exit 4)."""
 
 
 @dataclass

@@ -111,7 +111,8 @@ PARENTS: dict[tuple[str, str], Parent] = {
     ("compile", "cache_dir"): _switch("compile", "enable"),
     **{("checkpoint", name): CHECKPOINT for name in (
         "interval", "async_mode", "keep_latest_k", "load_step", "exclude_from_loading",
-        "last_save_model_only", "last_save_in_hf", "create_seed_checkpoint")},
+        "last_save_model_only", "last_save_in_hf", "create_seed_checkpoint",
+        "fallback_on_damage")},
     ("checkpoint", "export_dtype"): Parent(
         "[checkpoint] last_save_model_only or last_save_in_hf (with enable)",
         lambda c, b: c.checkpoint.enable and (c.checkpoint.last_save_model_only

@@ -1,4 +1,5 @@
-"""Expert parallelism's layout: which ranks share experts, and the expert mesh view.
+"""Expert parallelism's layout: which ranks share experts, and the checks of EP and ETP (the
+expert mesh view itself is built with the others, distributed/parallel_dims.py).
 
 EP does not add ranks: like TorchTitan, it borrows them from the ranks that already split the
 data. Dense parameters keep the mesh ``[pp, dp_replicate, dp_shard, cp, tp]``; routed-expert
@@ -18,27 +19,13 @@ works an example through).
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.distributed.parallel_dims import ParallelDims, borrowed_ranks, efsdp_degree
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
-
-    from torchtitan_like.distributed.parallel_dims import ParallelDims
-
-EXPERT_MESH_DIMS = ("pp", "dp_replicate", "efsdp", "ep", "etp")
-
-
-def borrowed_ranks(dims: ParallelDims) -> int:
-    """Ranks of one pipeline stage and one replica that EP and expert-FSDP split between them."""
-    return dims.dp_shard * dims.cp * (dims.tp if dims.etp == 1 else 1)
-
-
-def efsdp_degree(dims: ParallelDims) -> int:
-    """Ranks holding the same experts inside one replica (FSDP shards expert weights over them)."""
-    return borrowed_ranks(dims) // dims.ep
 
 
 def validate_expert_layout(dims: ParallelDims, num_experts: int) -> None:
@@ -106,14 +93,6 @@ def _check_experts_under_tp(dims: ParallelDims) -> None:
             "data_parallel_replicate), or expert_tensor_parallel_degree = 1 (EP borrowing the "
             "TP ranks too, expert FSDP tested)"
         )
-
-
-def expert_mesh(world: DeviceMesh, dims: ParallelDims) -> DeviceMesh:
-    """``[pp, dp_replicate, efsdp, ep, etp]`` unflattened from the same 1-D world mesh as the
-    dense view, so both share a root (FSDP then composes with EP's DTensors)."""
-    shape = (dims.pp, dims.dp_replicate, efsdp_degree(dims), dims.ep, dims.etp)
-    assert math.prod(shape) == dims.world_size, (shape, dims)
-    return world._unflatten(0, shape, EXPERT_MESH_DIMS)
 
 
 def expert_fsdp_mesh(experts: DeviceMesh) -> DeviceMesh:

@@ -8,7 +8,9 @@ only) the slowest. Flattened views name what each consumer needs:
 - ``dp``          = dp_replicate x dp_shard: ranks that read different data;
 - ``dp_shard_cp`` = dp_shard x cp: ranks FSDP shards parameters over (CP ranks hold the same
   parameters, so they share the sharding);
-- ``dp_cp``       = dp_replicate x dp_shard x cp: ranks whose losses add up to the global loss.
+- ``dp_cp``       = dp_replicate x dp_shard x cp: ranks whose losses add up to the global loss;
+- ``expert``      = ``[pp, dp_replicate, efsdp, ep, etp]``: the same ranks as routed experts see
+  them (expert parallelism borrows data-parallel ranks, distributed/expert_layout.py).
 
 Every view is unflattened from one 1-D world mesh (slicing flattened dims out of a root mesh
 is deprecated), size-1 dims included so that each name always resolves.
@@ -23,13 +25,13 @@ from typing import TYPE_CHECKING
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from torchtitan_like.config.errors import ConfigError
-from torchtitan_like.distributed.expert_layout import expert_mesh
 from torchtitan_like.distributed.utils import PROCESS_GROUP_TIMEOUT_S, follow_world_timeout
 
 if TYPE_CHECKING:
     from torchtitan_like.config.job_config import JobConfig
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+EXPERT_MESH_DIMS = ("pp", "dp_replicate", "efsdp", "ep", "etp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,3 +193,21 @@ class Meshes:
     @property
     def tp(self) -> DeviceMesh:
         return self.dense["tp"]
+
+
+def borrowed_ranks(dims: ParallelDims) -> int:
+    """Ranks of one pipeline stage and one replica that EP and expert-FSDP split between them."""
+    return dims.dp_shard * dims.cp * (dims.tp if dims.etp == 1 else 1)
+
+
+def efsdp_degree(dims: ParallelDims) -> int:
+    """Ranks holding the same experts inside one replica (FSDP shards expert weights over them)."""
+    return borrowed_ranks(dims) // dims.ep
+
+
+def expert_mesh(world: DeviceMesh, dims: ParallelDims) -> DeviceMesh:
+    """``[pp, dp_replicate, efsdp, ep, etp]`` unflattened from the same 1-D world mesh as the
+    dense view, so both share a root (FSDP then composes with EP's DTensors)."""
+    shape = (dims.pp, dims.dp_replicate, efsdp_degree(dims), dims.ep, dims.etp)
+    assert math.prod(shape) == dims.world_size, (shape, dims)
+    return world._unflatten(0, shape, EXPERT_MESH_DIMS)

@@ -155,7 +155,7 @@ def check_plan_applied(model_name: str, parts: list[nn.Module], parallel_dims: P
         if missed:
             refuse(f"tensor parallelism to {len(missed)} parameter(s) (e.g. {missed[0]}), but "
                    f"[parallelism] tensor_parallel_degree = {parallel_dims.tp} (shard them, or "
-                   "declare them replicated with plan_toolkit.NoParallel)",
+                   "declare them replicated with tp_styles.NoParallel)",
                    "set tensor_parallel_degree = 1")
     if parallel_dims.fsdp_enabled:
         unsynced = _unsynchronised(parts, parallel_dims)

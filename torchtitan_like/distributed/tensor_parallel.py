@@ -41,23 +41,125 @@ on CPU the pass silently does nothing, so the config refuses it there.
 
 TP lives on the innermost mesh dim (NVLink within a node): it communicates activations in
 every layer, forward and backward.
+
+**Where it is applied.** Here, for every model: a model's plan declares *what* it shards, a
+``TPPlan`` of module names (its embeddings, final norm, head, and one plan table per block
+group, built from the styles of distributed/tp_styles.py and distributed/local_tp.py), and
+``apply_tp`` applies it, then turns on async TP when asked.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleOutput,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.distributed.layout_rules import check_sequence_parallel
-from torchtitan_like.distributed.parallel_dims import ParallelDims
+from torchtitan_like.distributed.parallel_dims import Meshes, ParallelDims
+from torchtitan_like.distributed.tp_styles import embedding_style
 from torchtitan_like.logging import logger
+
+BlockPlanFn = Callable[[nn.Module, str], dict[str, ParallelStyle]]
+"""(one block, the TP mesh's device type) -> its plan table, module name -> style."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TPPlan:
+    """What a model part shards under tensor parallelism, by module name (dotted paths from
+    the part); how each is split is ``apply_tp``'s. A name whose module a pipeline stage
+    dropped (None) is skipped; a module reached by two names (an embedding shared with an
+    extra head) is split once."""
+
+    blocks: Mapping[str, BlockPlanFn]
+    """Each block group (an ``nn.ModuleDict`` of blocks) -> the plan table of one block."""
+    embeddings: tuple[str, ...] = ()
+    """Embedding tables: split by vocabulary rows, their lookups come out sequence-sharded."""
+    norm: str | None = None
+    """The final norm: sequence parallel."""
+    head: str | None = None
+    """The output projection: split by vocabulary columns, its logits kept vocab-sharded under
+    loss parallel, else gathered."""
+    tied_head: bool = False
+    """No head module: the logits are ``F.linear(norm's output, the first embedding's
+    table)``, already split by vocabulary rows as a column-wise head's weight."""
+
+
+def apply_tp(model: nn.Module, plan: TPPlan, parallel_dims: ParallelDims, meshes: Meshes,
+             config: JobConfig) -> None:
+    """Megatron TP with sequence parallel on one model part, as ``plan`` names it, then async
+    TP when asked: every model's TP goes through here (a no-op without TP).
+
+    Between blocks the hidden states are sequence-sharded local tensors (Shard(1)); that is
+    also what a pipeline stage sends to the next one. The logits are a vocab-sharded DTensor
+    under loss parallel, else a plain tensor.
+    """
+    if not parallel_dims.tp_enabled:
+        return
+    mesh, loss_parallel = meshes.tp, parallel_dims.loss_parallel_enabled
+    embeddings = _present(model, plan.embeddings)
+    norm, head = _present(model, (plan.norm,)), _present(model, (plan.head,))
+    for embedding in embeddings:
+        parallelize_module(embedding, mesh, embedding_style())
+        materialise_output(embedding)  # before it reaches a compiled block
+    for module in norm:
+        parallelize_module(module, mesh, SequenceParallel())
+    for module in head:  # vocab columns; kept sharded for loss parallel
+        parallelize_module(module, mesh, ColwiseParallel(
+            input_layouts=Shard(1), output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel))
+    for group, block_plan in plan.blocks.items():
+        for block in (blocks.values() if (blocks := _find(model, group)) is not None else ()):
+            parallelize_module(block, mesh, block_plan(block, mesh.device_type))
+    if plan.tied_head and embeddings and norm:
+        _shard_tied_head(model, norm[0], mesh, loss_parallel)
+    maybe_enable_async_tp(config, mesh)
+
+
+def _find(model: nn.Module, name: str) -> nn.Module | None:
+    """The submodule at dotted path ``name``; None where a pipeline stage dropped it."""
+    module: nn.Module | None = model
+    for part in name.split("."):
+        module = getattr(module, part, None)
+        if module is None:
+            return None
+    return module
+
+
+def _present(model: nn.Module, names: tuple[str | None, ...]) -> list[nn.Module]:
+    """The modules ``names`` name that this part holds, each once."""
+    found: dict[int, nn.Module] = {}
+    for name in filter(None, names):
+        if (module := _find(model, name)) is not None:
+            found.setdefault(id(module), module)
+    return list(found.values())
+
+
+def _shard_tied_head(model: nn.Module, norm: nn.Module, tp_mesh: DeviceMesh,
+                     loss_parallel: bool) -> None:
+    """A tied head is ``F.linear(h, embedding table)``, and the table is already split by
+    vocabulary rows (Shard(0)), exactly as a column-wise head's weight: only the head's input
+    must become a DTensor, all-gathered along the sequence, for DTensor to compute the
+    vocab-sharded logits; without loss parallel they are then gathered."""
+    parallelize_module(norm, tp_mesh, PrepareModuleOutput(
+        output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=False))
+    if not loss_parallel:
+        model.register_forward_hook(lambda _module, _args, logits: logits.full_tensor())
 
 
 def validate(config: JobConfig, parallel_dims: ParallelDims) -> None:

@@ -26,7 +26,8 @@ others run as their own torchrun job of ``torchtitan_like.train`` (which runs ``
 trainer`` when set), launched by the interpreter running the sweep (``python -m
 torchtitan_like.launch``: no checkout needed, and a crash or a hang ends only that variant),
 with its own dump folder ``{output_folder}/{variant}``, where its log (``train.log``) and
-``metrics.jsonl`` land. The runner reads every metrics.jsonl and writes ``results.csv``,
+``metrics.jsonl`` land (tools/ablate_sweep.py reads the sweep file and builds each command).
+The runner reads every metrics.jsonl and writes ``results.csv``,
 ``results.md`` and ``results.png`` (tools/ablate_report.py: the columns; the chart needs
 matplotlib, the ``plot`` extra) into the output folder; a failed variant keeps its status and
 the last meaningful line of its log.
@@ -45,147 +46,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from torchtitan_like.config.errors import ConfigError
-from torchtitan_like.config.manager import build_job_config, tomllib
+from torchtitan_like.config.manager import tomllib
 from torchtitan_like.entry import trainer_class
-from torchtitan_like.launch import torchrun_argv
 from torchtitan_like.tools.ablate_report import Result, read_metrics, write_results
-from torchtitan_like.tools.planner import CPU, predict_peak
+from torchtitan_like.tools.ablate_sweep import Sweep, SweepError, Variant, load_sweep
+from torchtitan_like.tools.planner import LayoutError
+from torchtitan_like.tools.planner.hardware import load_profile
 from torchtitan_like.validate import parse_args
 
 LAUNCH_ENV = {"TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1"}
 """What run_train.sh sets for the trainer, set here too unless the caller's environment has it."""
-
-
-class SweepError(ValueError):
-    """A sweep file that cannot run; the message says what to change."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Variant:
-    name: str
-    overrides: tuple[str, ...] = ()
-    nproc: int | None = None
-
-    @property
-    def folder_name(self) -> str:
-        """The name as a folder: letters, digits, '-', '_' and '.' kept, the rest '_'."""
-        return re.sub(r"[^A-Za-z0-9._-]+", "_", self.name).strip("_") or "variant"
-
-
-@dataclasses.dataclass(frozen=True)
-class Sweep:
-    base_config: Path
-    variants: tuple[Variant, ...]
-    steps: int = 10
-    nproc: int = 1
-    baseline: str = ""
-    output_folder: Path = Path("outputs/ablations")
-    overrides: tuple[str, ...] = ()
-    timeout_s: float = 1800.0
-
-    @property
-    def baseline_name(self) -> str:
-        return self.baseline or self.variants[0].name
-
-    def command(self, variant: Variant, folder: Path) -> list[str]:
-        """The launch command of one variant, as run_train.sh would build it on one node
-        (torchtitan_like.launch: its last line is the first failing rank's error); the
-        variant's overrides win over the sweep's. Every rank's output reaches the log
-        (prefixed with its rank). A re-run of the sweep archives a variant's earlier outputs
-        (``[job] overwrite``, components/run_folder.py)."""
-        return torchrun_argv(self.nproc_of(variant), "--role=rank", "--tee=3",
-                             "-m", "torchtitan_like.train", *self.trainer_args(variant, folder),
-                             max_restarts=0, launcher="torchtitan_like.launch")
-
-    def trainer_args(self, variant: Variant, folder: Path) -> list[str]:
-        """The trainer's own arguments for one variant (the config and its overrides)."""
-        return ["--job.config_file", str(self.base_config), *self.overrides,
-                f"--training.steps={self.steps}", f"--job.dump_folder={folder}",
-                "--job.overwrite=true", *variant.overrides]
-
-    def nproc_of(self, variant: Variant) -> int:
-        return variant.nproc or self.nproc
-
-    def planned_memory_gib(self, variant: Variant) -> float | None:
-        """The planner's peak tensor memory per rank for the variant (None when the planner
-        cannot model its config): on CUDA comparable with the logged peak; on CPU, where the
-        logged peak is the process's RSS, the only view of activation memory."""
-        argv = ["--job.config_file", str(self.base_config), *self.overrides, *variant.overrides]
-        device = dataclasses.replace(CPU, fused_rms_norm=torch.cuda.is_available())
-        try:
-            peak = predict_peak(build_job_config(argv), self.nproc_of(variant), device)
-        except ValueError:  # a config error (the run will say so) or a model without shapes
-            return None
-        return peak.total / 2**30
-
-
-_SWEEP_KEYS = {"base_config", "steps", "nproc", "baseline", "output_folder", "overrides",
-               "timeout_s"}
-_VARIANT_KEYS = {"name", "overrides", "nproc"}
-
-
-def _overrides(value: Any, where: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise SweepError(f"{where}: overrides must be a list of strings like "
-                         '"--section.key=value"')
-    for item in value:
-        if not item.startswith("--"):
-            raise SweepError(f"{where}: override {item!r} must look like --section.key=value")
-    return tuple(value)
-
-
-def load_sweep(path: str | Path) -> Sweep:
-    """Read and check a sweep file (see the module docstring)."""
-    path = Path(path)
-    if not path.is_file():
-        raise SweepError(f"sweep file not found: {path}")
-    data = tomllib.loads(path.read_text())
-    unknown_sections = set(data) - {"sweep", "variants"}
-    if unknown_sections:
-        raise SweepError(f"{path}: unknown sections {sorted(unknown_sections)}; a sweep has "
-                         "[sweep] and [[variants]]")
-    head = data.get("sweep", {})
-    unknown = set(head) - _SWEEP_KEYS
-    if unknown:
-        raise SweepError(f"{path}: unknown [sweep] keys {sorted(unknown)}; known: "
-                         f"{', '.join(sorted(_SWEEP_KEYS))}")
-    if "base_config" not in head:
-        raise SweepError(f"{path}: [sweep] base_config is required (a training TOML)")
-    base = (path.parent / head["base_config"]).resolve()
-    if not base.is_file():
-        raise SweepError(f"{path}: base_config {base} does not exist")
-
-    variants = []
-    for i, raw in enumerate(data.get("variants", [])):
-        where = f"{path} variant {i + 1}"
-        unknown = set(raw) - _VARIANT_KEYS
-        if unknown or "name" not in raw:
-            raise SweepError(f"{where}: needs a name, may have overrides and nproc "
-                             f"(unknown: {sorted(unknown)})")
-        variants.append(Variant(str(raw["name"]), _overrides(raw.get("overrides", []), where),
-                                raw.get("nproc")))
-    if not variants:
-        raise SweepError(f"{path}: no [[variants]]")
-    names = [v.folder_name for v in variants]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise SweepError(f"{path}: variant names must differ as folder names: {duplicates}")
-    sweep = Sweep(
-        base_config=base,
-        variants=tuple(variants),
-        steps=int(head.get("steps", 10)),
-        nproc=int(head.get("nproc", 1)),
-        baseline=str(head.get("baseline", "")),
-        output_folder=Path(head.get("output_folder", f"outputs/ablations/{path.stem}")),
-        overrides=_overrides(head.get("overrides", []), f"{path} [sweep]"),
-        timeout_s=float(head.get("timeout_s", 1800)),
-    )
-    if sweep.baseline_name not in {v.name for v in variants}:
-        raise SweepError(f"{path}: baseline {sweep.baseline!r} is not a variant name")
-    return sweep
 
 
 # ---------------------------------------------------------------------------- one variant
@@ -270,8 +141,9 @@ def run_variant(sweep: Sweep, variant: Variant, folder: Path) -> Result:
                                        sweep.timeout_s)
     wall = time.perf_counter() - start
     records = read_metrics(folder)
-    result = Result(variant, nproc, "ok", wall, records,
-                    planned_memory_gib=sweep.planned_memory_gib(variant))
+    memory, speed = sweep.planned(variant)
+    result = Result(variant, nproc, "ok", wall, records, planned_memory_gib=memory,
+                    planned_tokens_per_second=speed)
     steps = [r["step"] for r in result.training]
     if rc is None:
         result.status = "timeout"
@@ -332,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
                         "their own (overrides the sweep's)")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these variants")
     parser.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument("--hardware", metavar="PROFILE", help="a hardware profile (ttl-plan "
+                        "--calibrate) for the planned memory and tokens/s columns")
     args = parser.parse_args(argv)
     try:
         sweep = load_sweep(args.sweep)
@@ -345,6 +219,13 @@ def main(argv: list[str] | None = None) -> int:
         changes["steps"] = args.steps
     if args.nproc:
         changes["nproc"] = args.nproc
+    if args.hardware:
+        try:
+            load_profile(args.hardware)
+        except LayoutError as e:
+            print(f"sweep error: {e}", file=sys.stderr)
+            return 2
+        changes["hardware"] = Path(args.hardware)
     if args.only:
         unknown = set(args.only) - {v.name for v in sweep.variants}
         if unknown:

@@ -1,5 +1,5 @@
-"""The results of a sweep (tools/ablate.py): what each variant's metrics.jsonl says, and the
-table, CSV and chart written from them.
+"""The results of a sweep (tools/ablate_sweep.py, run by tools/ablate.py): what each
+variant's metrics.jsonl says, and the table, CSV and chart written from them.
 
 Columns: throughput and MFU are means over the logged steps after the first (which carries
 start-up and compilation); memory is the largest logged peak; the final and validation losses
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from torchtitan_like.components import stragglers
 
 if TYPE_CHECKING:
-    from torchtitan_like.tools.ablate import Sweep, Variant
+    from torchtitan_like.tools.ablate_sweep import Sweep, Variant
 
 TRAINER_KEYS = stragglers.RECORD_KEYS | frozenset({
     "step", "loss", "grad_norm", "lr", "epoch", "tokens_seen", "resumed",  # the loop's
@@ -57,6 +57,8 @@ class Result:
     records: list[dict[str, Any]]
     error: str = ""
     planned_memory_gib: float | None = None
+    planned_tokens_per_second: float | None = None
+    """The planner's tokens/s per device, with a hardware profile (ttl-ablate --hardware)."""
 
     @property
     def training(self) -> list[dict[str, Any]]:
@@ -120,7 +122,8 @@ def _loss_delta(result: Result, baseline: Result | None) -> float | None:
 
 
 CSV_COLUMNS = ["variant", "status", "nproc", "steps_logged", "tokens_per_second", "mfu_percent",
-               "peak_memory_gib", "planned_memory_gib", "final_loss", "loss_delta",
+               "peak_memory_gib", "planned_memory_gib", "planned_tokens_per_second",
+               "final_loss", "loss_delta",
                "validation_loss", "wall_seconds", "error", "overrides"]
 
 
@@ -140,7 +143,8 @@ def write_csv(path: Path, results: list[Result], baseline: Result | None) -> Non
             writer.writerow([
                 r.variant.name, r.status, r.nproc, training[-1]["step"] if training else 0,
                 _fmt(r.tokens_per_second, ".6g"), _fmt(r.mfu, ".6g"), _fmt(r.memory_gib, ".6g"),
-                _fmt(r.planned_memory_gib, ".6g"), _fmt(r.final_loss, ".6g"),
+                _fmt(r.planned_memory_gib, ".6g"), _fmt(r.planned_tokens_per_second, ".6g"),
+                _fmt(r.final_loss, ".6g"),
                 _fmt(_loss_delta(r, baseline), ".6g"),
                 _fmt(r.validation_loss, ".6g"), f"{r.wall_seconds:.1f}", r.error,
                 " ".join(r.variant.overrides), *(_fmt(r.model_metric(m), ".6g") for m in metrics),
@@ -159,18 +163,21 @@ def write_markdown(path: Path, sweep: Sweep, results: list[Result], baseline: Re
         "tokens/s is per device (TorchTitan's tps) and with MFU the mean over the logged steps "
         "after the first; peak memory is the largest logged (CUDA: allocated by tensors; CPU: "
         "the process's peak RSS, torch's own memory included); planned is the planner's peak "
-        "tensor memory per rank for the variant's config; Δ loss is the final loss minus the "
+        "tensor memory per rank for the variant's config (and, with ttl-ablate --hardware, its "
+        "tokens/s per device on that measured machine); Δ loss is the final loss minus the "
         "baseline's; val loss is the last validation loss (the same held-out sequences under "
         "every layout); the model's own metrics, if any, follow with their last logged value.",
         "",
-        "| variant | procs | status | tokens/s | MFU % | peak memory GiB | planned GiB "
-        "| final loss | Δ loss | val loss | wall s |" + "".join(f" {m} |" for m in metrics),
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(metrics),
+        "| variant | procs | status | tokens/s | planned tokens/s | MFU % | peak memory GiB "
+        "| planned GiB | final loss | Δ loss | val loss | wall s |"
+        + "".join(f" {m} |" for m in metrics),
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(metrics),
     ]
     for r in results:
         delta = _loss_delta(r, baseline)
         lines.append(
             f"| {r.variant.name} | {r.nproc} | {r.status} | {_fmt(r.tokens_per_second, ',.0f')} "
+            f"| {_fmt(r.planned_tokens_per_second, ',.0f')} "
             f"| {_fmt(r.mfu, '.2f')} | {_fmt(r.memory_gib, '.3f')} "
             f"| {_fmt(r.planned_memory_gib, '.3f')} | {_fmt(r.final_loss, '.4f')} "
             f"| {_fmt(delta, '+.4f')} | {_fmt(r.validation_loss, '.4f')} "

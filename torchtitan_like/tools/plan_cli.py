@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import json
 import os
 import sys
@@ -21,6 +20,7 @@ from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.launcher_env import world_size_of
 from torchtitan_like.config.manager import build_job_config, import_custom_modules
+from torchtitan_like.tools import plan_measure
 from torchtitan_like.tools.planner import (
     GPUS,
     Cluster,
@@ -35,13 +35,19 @@ from torchtitan_like.tools.planner import (
     from_job_config,
     plan_fitting,
     search,
-    why_better,
 )
 from torchtitan_like.tools.planner.failures import FailureInputs, failure_cost, failure_lines
 from torchtitan_like.tools.planner.from_config import implied_num_gpus
+from torchtitan_like.tools.planner.hardware import load_profile
 from torchtitan_like.tools.planner.optimizer import state_bytes_per_parameter
-from torchtitan_like.tools.planner.step_time import ASYNC_TP
-from torchtitan_like.tools.planner.uncertainty import expected_band, least_certain, memory_band
+from torchtitan_like.tools.planner.uncertainty import (
+    expected_band,
+    memory_band,
+    uncertainty_lines,
+    with_uncertainty,
+)
+from torchtitan_like.tools.search_report import format_search
+from torchtitan_like.tools.verify import history_lines
 
 if TYPE_CHECKING:
     from torchtitan_like.config.job_config import JobConfig
@@ -94,11 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="modules to import first (models registered outside the package)")
     hw = p.add_argument_group("cluster")
     hw.add_argument("--gpu", default="H100", choices=sorted(GPUS), help="GPU preset")
+    hw.add_argument("--hardware", metavar="PROFILE", help="a hardware profile written by "
+                    "--calibrate (this machine's measured rates), instead of --gpu")
     hw.add_argument("--gpu_memory_gib", type=float, help="override the preset's memory")
     hw.add_argument("--peak_tflops", type=float, help="override the preset's dense bf16 peak")
     hw.add_argument("--intra_node_gbps", type=float, help="override: GB/s per GPU in a node")
     hw.add_argument("--inter_node_gbps", type=float, help="override: GB/s per GPU between nodes")
-    hw.add_argument("--gpus_per_node", type=int, default=8)
+    hw.add_argument("--gpus_per_node", type=int, help="default: the profile's processes per "
+                    "node, else 8")
     hw.add_argument("--num_gpus", type=int, help="GPUs in all (default: one node)")
     hw.add_argument("--nodes", type=int, help="nodes (instead of --num_gpus)")
     job = p.add_argument_group("workload")
@@ -113,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
                      "(its states and Newton-Schulz time), or one of --custom_import")
     job.add_argument("--reduce_dtype", choices=DTYPES, help="gradient reduction (default "
                      "float32)")
+    job.add_argument("--state_dtype", choices=("float32", "bfloat16"),
+                     help="Adam's moments ([optimizer] state_dtype; default float32)")
+    job.add_argument("--optimizer_implementation", choices=("foreach", "fused", "for-loop"),
+                     help="[optimizer] implementation: foreach (the default) keeps a temporary "
+                     "per parameter in the step")
     _layout_flags(p.add_argument_group("layout (each flag given is pinned under --search)"))
     est = p.add_argument_group("estimate")
     est.add_argument("--mfu", type=float, help="MFU for time and cost (0.40 or 40); default: "
@@ -130,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a job's or a replica group's start-up to its first step")
     fail.add_argument("--heartbeat_seconds", type=float, default=5.0,
                       help="the torchft lighthouse's heartbeat timeout")
+    plan_measure.add_flags(p)
     out = p.add_argument_group("output")
     out.add_argument("--search", action="store_true", help="rank the fitting layouts")
     out.add_argument("--top", type=int, default=5, help="layouts --search prints")
@@ -167,7 +182,7 @@ def _pick(flag: Any, fallback: Any) -> Any:
 
 
 def _cluster(args: argparse.Namespace, num_gpus: int) -> Cluster:
-    gpu = GPUS[args.gpu]
+    gpu = load_profile(args.hardware).gpu if args.hardware else GPUS[args.gpu]
     gpu = dataclasses.replace(
         gpu, memory_gib=_pick(args.gpu_memory_gib, gpu.memory_gib),
         peak_tflops=_pick(args.peak_tflops, gpu.peak_tflops),
@@ -202,7 +217,7 @@ def _read_config(args: argparse.Namespace) -> JobConfig | None:
     import_custom_modules(args.custom_import)
     if not args.config:
         return None
-    config = build_job_config(["--job.config_file", args.config])
+    config = build_job_config(["--job.config_file", args.config, *args.overrides])
     import_custom_modules(config.job.custom_import)
     if args.flavor:
         config.model.name, config.model.flavor = args.model, args.flavor
@@ -231,7 +246,13 @@ def _workload(args: argparse.Namespace, work: Workload) -> Workload:
     precision = dataclasses.replace(
         p, master_bytes=DTYPES[args.dtype].itemsize if args.dtype else p.master_bytes,
         compute_bytes=DTYPES[args.param_dtype].itemsize if args.param_dtype else p.compute_bytes,
-        reduce_bytes=DTYPES[args.reduce_dtype].itemsize if args.reduce_dtype else p.reduce_bytes)
+        reduce_bytes=DTYPES[args.reduce_dtype].itemsize if args.reduce_dtype else p.reduce_bytes,
+        state_bytes=DTYPES[args.state_dtype].itemsize % 4 if args.state_dtype else p.state_bytes)
+    if args.state_dtype or args.optimizer_implementation:  # bf16 moments step in chunks
+        kernel = args.optimizer_implementation or "foreach"
+        precision = dataclasses.replace(precision, fused_optimizer=kernel == "fused",
+                                        step_temporary=precision.state_bytes == 0
+                                        and kernel == "foreach")
     global_batch = args.global_batch or (work.global_batch if args.config else
                                          max(1, 2**22 // seq_len))
     return dataclasses.replace(work, seq_len=seq_len, global_batch=global_batch,
@@ -267,9 +288,14 @@ def _layout(args: argparse.Namespace, layout: Layout, num_gpus: int) -> Layout:
 
 
 def resolve(args: argparse.Namespace) -> tuple[ModelShape, Cluster, Workload, Layout]:
-    """Planner inputs from the flags (and the config file, when given)."""
+    """Planner inputs from the flags (and the config file, when given); sets
+    ``args.gpus_per_node`` and ``args.gpus_from``."""
     config = _read_config(args)
+    if args.gpus_per_node is None:  # a measured machine's processes per node, else 8
+        args.gpus_per_node = load_profile(args.hardware).gpus_per_node if args.hardware else 8
     num_gpus, args.gpus_from = _num_gpus(args, config)
+    if args.gpus_from == "one node, the default" and (args.calibrate or args.verify):
+        num_gpus, args.gpus_from = 1, "one process, the default of --calibrate and --verify"
     cluster = _cluster(args, num_gpus)
     model, work, layout = _from_config_or_flavor(args, config, cluster.num_gpus)
     return model, cluster, _workload(args, work), _layout(args, layout, cluster.num_gpus)
@@ -293,9 +319,10 @@ def _header(model: ModelShape, cluster: Cluster, work: Workload, args: argparse.
         f"({model.n_layers} layers, dim {model.dim}, {model.n_heads} heads, "
         f"{model.kv_heads} KV heads, FFN {model.ffn_hidden_dim}, vocab {model.vocab_size})",
         f"Cluster: {cluster.num_gpus} x {gpu.name} ({cluster.num_nodes} node(s) of "
-        f"{cluster.gpus_per_node}: {args.gpus_from}; {gpu.memory_gib:g} GiB, "
-        f"{gpu.peak_tflops:g} TFLOP/s bf16, "
-        f"{gpu.intra_node_gbps:g} GB/s in a node, {gpu.inter_node_gbps:g} GB/s between nodes)",
+        f"{cluster.gpus_per_node}: {args.gpus_from}; {gpu.memory_gib:.4g} GiB, "
+        f"{gpu.peak_tflops:.4g} TFLOP/s bf16, "
+        f"{gpu.intra_node_gbps:.4g} GB/s in a node, {gpu.inter_node_gbps:.4g} GB/s between nodes)"
+        + (f"; {load_profile(args.hardware).describe()}" if args.hardware else ""),
         f"Workload: seq {work.seq_len}, global batch {work.global_batch} sequences = "
         f"{_si(work.global_batch * work.seq_len)} tokens/step"
         + (f", budget {_si(work.tokens)} tokens" if work.tokens else ""),
@@ -336,7 +363,7 @@ def _memory_lines(result: Plan, model: ModelShape, work: Workload, args: argpars
 def _time_lines(result: Plan) -> list[str]:
     lines = ["Communication per step, bytes each GPU sends:"]
     for c in result.comms:
-        lines.append(f"  {c.dim:12s} group {c.group:5d}  {c.link:10s} {c.bandwidth_gbps:6.0f} "
+        lines.append(f"  {c.dim:12s} group {c.group:5d}  {c.link:10s} {c.bandwidth_gbps:6.3g} "
                      f"GB/s  {c.bytes_per_step / 1e9:10.2f} GB  {c.seconds:8.3f} s")
     if not result.comms:
         lines.append("  none (one GPU)")
@@ -350,24 +377,9 @@ def _time_lines(result: Plan) -> list[str]:
         + " (compute parts, then exposed communication and bubble; docs/planner-throughput.md)",
         f"Throughput: {result.tokens_per_second_per_gpu:,.0f} tokens/s per GPU, MFU "
         f"{result.mfu_estimate:.1%} (model FLOPs over the bf16 peak)",
-        *_uncertainty_lines(result),
+        *uncertainty_lines(result),
     ]
     return lines
-
-
-def _uncertainty_lines(result: Plan) -> list[str]:
-    band, term = expected_band(result.layout), least_certain(result)
-    low, high = band.actual(result.tokens_per_second_per_gpu)
-    mfu_low, mfu_high = band.actual(result.mfu_estimate)
-    return [
-        f"Expected error: {low:,.0f}-{high:,.0f} tokens/s per GPU, MFU {mfu_low:.1%}-"
-        f"{mfu_high:.1%}: the planner's held-out predictions of {band.runs} published runs"
-        f"{' ' + band.basis if band.basis else ''} were {band.low - 1:+.0%} to "
-        f"{band.high - 1:+.0%} of the published figures (docs/planner-throughput.md)",
-        f"Least certain term: {term.name} ({term.seconds:.3f} s, {term.share:.0%} of the "
-        f"step): {term.why}",
-        *([f"Note: {ASYNC_TP}"] if result.layout.async_tp else []),
-    ]
 
 
 def _cost_lines(result: Plan, model: ModelShape, cluster: Cluster, work: Workload,
@@ -421,39 +433,8 @@ def format_plan(result: Plan, model: ModelShape, cluster: Cluster, work: Workloa
     if args.gpu_mttf_hours:
         inputs = failure_inputs(result, model, cluster, work, args)
         lines += failure_lines(inputs, failure_cost(inputs))
-    return "\n".join(lines + [f"Note: {note}" for note in result.notes])
-
-
-def format_search(plans: list[Plan], model: ModelShape, cluster: Cluster, work: Workload,
-                  args: argparse.Namespace, pins: dict[str, Any]) -> str:
-    pinned = ", ".join(f"{k} {v}" for k, v in pins.items()) or "nothing"
-    lines = [
-        *_header(model, cluster, work, args),
-        "",
-        f"Best {len(plans)} fitting layouts by predicted step time (the simpler first within "
-        f"3%; each with the least activation checkpointing that fits; pinned: {pinned}):",
-        f"{'#':>2}  {'tp':>2} {'cp':>2} {'pp':>3}" + (f" {'ep':>3}" if model.is_moe else "")
-        + f" {'schedule':15} {'dp (rep x shard)':>17}  "
-        f"{'ac':8} "
-        f"{'GiB':>6}  {'bubble':>6}  {'tok/s/GPU':>9}  {'MFU':>6}  {'step s':>7}"
-        + ("  days" if work.tokens else ""),
-    ]
-    for i, r in enumerate(plans, 1):
-        lay = r.layout
-        dp = f"{lay.dp_replicate} x {lay.dp_shard}"
-        ac = "every " + lay.ac if lay.ac.isdigit() else lay.ac
-        schedule = lay.pp_schedule if lay.pp > 1 else "-"
-        ep = f" {lay.ep:>3}" if model.is_moe else ""
-        lines.append(f"{i:>2}  {lay.tp:>2} {lay.cp:>2} {lay.pp:>3}{ep} {schedule:15} {dp:>17}  "
-                     f"{ac:8} "
-                     f"{r.memory.total / GiB:6.1f}  {r.bubble:6.1%}  "
-                     f"{r.tokens_per_second_per_gpu:9,.0f}  {r.mfu_estimate:6.1%}  "
-                     f"{r.step_seconds:7.2f}" + (f"  {r.days:.1f}" if work.tokens else ""))
-    lines += [f"  #{i} over #{i + 1}: {why_better(a, b)}"
-              for i, (a, b) in enumerate(itertools.pairwise(plans), 1)]
-    if not plans:
-        lines.append("  no layout fits: more GPUs, a smaller batch per microbatch or sequence")
-    return "\n".join(lines)
+    return "\n".join(lines + [f"Note: {note}" for note in result.notes]
+                     + history_lines(args.history))
 
 
 def _run_search(model: ModelShape, cluster: Cluster, work: Workload, layout: Layout,
@@ -462,16 +443,25 @@ def _run_search(model: ModelShape, cluster: Cluster, work: Workload, layout: Lay
     pins = {**{k: getattr(layout, k) for k in kept}, **pins_of(args)}
     plans = search(model, cluster, work, pins=pins, top=args.top, **kwargs)
     print(json.dumps([p.to_dict() for p in plans], indent=1) if args.json
-          else format_search(plans, model, cluster, work, args, pins_of(args)))
+          else format_search(plans, _header(model, cluster, work, args), model, work,
+                             pins_of(args)))
     return 0 if plans else 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = build_parser().parse_args(argv[:split])
+    args.overrides = argv[split + 1:]
     if args.mfu is not None and args.mfu > 1:
         args.mfu /= 100  # given in percent
     try:
+        plan_measure.check_flags(args, pins_of(args))
+        if args.verify:
+            return plan_measure.verify(args, argv, lambda: _planned(args))
         model, cluster, work, layout = resolve(args)
+        if args.calibrate:
+            return plan_measure.calibrate(args, argv, model, work, layout, cluster)
         kwargs = {"mfu": args.mfu, "headroom": args.headroom}
         if args.search:
             return _run_search(model, cluster, work, layout, args, kwargs)
@@ -481,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plan error: {e}", file=sys.stderr)
         return 2
     if args.json:
-        record = _with_uncertainty(result)
+        record = with_uncertainty(result)
         if args.gpu_mttf_hours:
             record["failures"] = dataclasses.asdict(
                 failure_cost(failure_inputs(result, model, cluster, work, args)))
@@ -491,16 +481,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if result.fits else 1
 
 
-def _with_uncertainty(result: Plan) -> dict[str, Any]:
-    """The plan's JSON with its expected error band and least certain term."""
-    band, term = expected_band(result.layout), least_certain(result)
-    low, high = band.actual(result.tokens_per_second_per_gpu)
-    return {**result.to_dict(),
-            "expected_error": {"held_out_ratio_low": band.low, "held_out_ratio_high": band.high,
-                               "published_runs": band.runs, "basis": band.basis,
-                               "tokens_per_second_per_gpu": [low, high]},
-            "least_certain_term": {"name": term.name, "seconds": term.seconds,
-                                   "share": term.share, "error": term.error, "why": term.why}}
+def _planned(args: argparse.Namespace) -> tuple[Plan, Cluster, str]:
+    """The plan of the flags, its cluster and its report (for --verify)."""
+    model, cluster, work, layout = resolve(args)
+    result = plan_fitting(model, cluster, work, layout, mfu=args.mfu, headroom=args.headroom)
+    args.ac = layout.ac
+    return result, cluster, format_plan(result, model, cluster, work, args)
 
 
 if __name__ == "__main__":

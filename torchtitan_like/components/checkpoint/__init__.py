@@ -3,7 +3,9 @@
 On disk, under ``{dump_folder}/{[checkpoint] folder}``::
 
     step-N/           a complete checkpoint: DCP's .metadata and __<rank>_0.distcp files,
-                      plus checkpoint.json (step, what it holds, the layout and data it came from)
+                      checksums.json (the CRC-32 of every stored item, checksums.py), plus
+                      checkpoint.json (step, what it holds, the layout and data it came from)
+    step-N.damaged/   a checkpoint found damaged and set aside ([checkpoint] fallback_on_damage)
     step-N.partial/   a save in progress, or one cut short; never loaded, removed at start-up
                       (``step-N.replica_<i>.partial`` when replica group i of a fault-tolerant
                       job writes it: each group removes only its own at start-up)
@@ -54,16 +56,21 @@ gives the initial weights when nothing else is there, an export is loaded only w
 HuggingFace) gives the initial weights.
 
 **Loading.** Before anything is read, every rank checks the checkpoint: checkpoint.json and
-.metadata readable, every data file present and long enough, every expected key present with
-the same global shape, the data source unchanged. Any failure stops the run with a message that
-says what differs and what to do; DCP itself plans all reads before reading, so nothing is
-loaded from an incompatible checkpoint. Content corruption inside a data file (no checksums) is
-not detected.
+.metadata readable, every data file present and long enough, every stored item covered by a
+checksum, every expected key present with the same global shape, the data source unchanged.
+Any failure stops the run with a message that says what differs and what to do; DCP itself
+plans all reads before reading, so nothing is loaded from an incompatible checkpoint. While
+reading, each rank checks the CRC-32 of every item it reads (checksums.py): damage is one line
+naming the step, the file, the bytes and the state, or, with ``fallback_on_damage``, a resume
+from the newest earlier checkpoint (loading.py).
 
-**Modules.** validate.py: the start-up checks and CheckpointError; states.py: the Stateful
-wrappers; folder.py: the folder protocol (discovery, publication, clean-up, load checks);
-staging.py: the pinned stager; manager.py: CheckpointManager, which loads and saves;
-failure.py: a failed save or load said in one line (the cause, the file, the step).
+**Modules.** validate.py: the start-up checks, CheckpointError and CheckpointDamaged;
+states.py: the Stateful wrappers; folder.py: the folder protocol (discovery, publication,
+clean-up, load checks); checksums.py: the checksum writer and reader of DCP items;
+hf_checksums.py: the same for safetensors files; staging.py: the pinned stager; manager.py:
+CheckpointManager, which saves and hands loading to loading.py (which checkpoint, the checks,
+the fallback); failure.py: a failed save or load said in one line (the cause, the file, the
+step).
 """
 
 from torchtitan_like.components.checkpoint.manager import CheckpointManager, SaveRecord

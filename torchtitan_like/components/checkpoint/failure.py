@@ -6,30 +6,23 @@ the first failing rank's original exception is found and said in words: an OS er
 reason and file (a full disk, a missing or read-only folder), bytes that do not read back name
 the damage. torch's own zip writer reports a full disk without an errno ("unexpected pos 704 vs
 598"), so when a save fails on a file system with less space free than the newest checkpoint
-takes (or 16 MiB), the full disk is named. Such failures repeat on a restart: they become
-CheckpointError (exit 4, not restarted). A save that fails otherwise (a peer that stopped
-answering DCP's collectives) stays a plain error, which a restart may cure.
+takes (or 16 MiB), the full disk is named, in those words only (the zip writer's text says
+nothing to a user). Such failures repeat on a restart: they become CheckpointError (exit 4, not
+restarted). A save that fails otherwise (a peer that stopped answering DCP's collectives) stays
+a plain error, which a restart may cure.
 """
 
 from __future__ import annotations
 
-import errno
 import shutil
 from pathlib import Path
 
 from torch.distributed.checkpoint.api import CheckpointException
 
-from torchtitan_like.components.checkpoint.validate import CheckpointError
+from torchtitan_like.components import storage
+from torchtitan_like.components.checkpoint.checksums import ChecksumMismatch
+from torchtitan_like.components.checkpoint.validate import CheckpointDamaged, CheckpointError
 
-_REASONS = {
-    errno.ENOSPC: "no space left on the device (the disk is full)",
-    errno.EDQUOT: "the disk quota is exceeded",
-    errno.EROFS: "the file system is read-only",
-    errno.EACCES: "permission denied",
-    errno.ENOTDIR: "a path component is a file, not a folder",
-    errno.ENOENT: "no such file or folder",
-    errno.EIO: "an I/O error of the device",
-}
 _MIN_FREE_BYTES = 16 * 2**20
 
 
@@ -52,8 +45,9 @@ def one_line(exc: BaseException, limit: int = 160) -> str:
 
 
 def describe_os_error(error: OSError) -> str:
-    reason = _REASONS.get(error.errno, error.strerror or one_line(error))
-    return reason + (f" ({error.filename})" if error.filename else "")
+    if error.errno is None:
+        return one_line(error)
+    return storage.describe(error.errno, error.filename)
 
 
 def _folder_size(path: Path) -> int:
@@ -69,8 +63,10 @@ def full_disk(folder: Path, newest: Path | None) -> str | None:
     size = _folder_size(newest) if newest is not None else 0
     if free >= max(size, _MIN_FREE_BYTES):
         return None
-    return (f"only {free / 2**20:.1f} MiB free on the file system of {folder} (the newest "
-            f"checkpoint takes {size / 2**20:.1f} MiB): the disk is full")
+    than = (f"the newest checkpoint takes {size / 2**20:.1f} MiB" if newest is not None
+            else f"below {_MIN_FREE_BYTES // 2**20} MiB")
+    return (f"only {free / 2**20:.1f} MiB free on the file system of {folder} ({than}): the "
+            "disk is full")
 
 
 def save_failure(exc: BaseException, step: int, folder: Path,
@@ -86,15 +82,18 @@ def save_failure(exc: BaseException, step: int, folder: Path,
                                f"{describe_os_error(cause)}; {kept}")
     disk = full_disk(folder, newest)
     if disk is not None:
-        return CheckpointError(f"step {step}: the save failed{where}: {disk} "
-                               f"({one_line(cause, 80)}); {kept}")
+        return CheckpointError(f"step {step}: the save failed{where}: {disk}; {kept}")
     return RuntimeError(f"checkpoint step {step}: the save failed{where}: {one_line(cause)}")
 
 
-def load_failure(exc: BaseException, where: str) -> CheckpointError:
-    """What a failed load of ``where`` raises: the cause in words, and what to do."""
+def load_failure(exc: BaseException, where: str, path: Path | None = None) -> CheckpointError:
+    """What a failed load of ``where`` (the checkpoint ``path``) raises: the cause in words,
+    and what to do; bytes that fail their checksum are damage (CheckpointDamaged)."""
     cause, rank = root_cause(exc)
     on = "" if rank is None else f" on rank {rank}"
+    if isinstance(cause, ChecksumMismatch):
+        return CheckpointDamaged(f"{where} is damaged: {cause} (found by rank "
+                                 f"{0 if rank is None else rank})", path)
     if isinstance(cause, OSError):
         return CheckpointError(f"loading {where} failed{on}: {describe_os_error(cause)}")
     return CheckpointError(

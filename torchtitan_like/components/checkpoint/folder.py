@@ -13,7 +13,13 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 
-from torchtitan_like.components.checkpoint.validate import CheckpointError
+from torchtitan_like.components.checkpoint.checksums import (
+    ChecksumMismatch,
+    Sums,
+    read_checksums,
+    uncovered,
+)
+from torchtitan_like.components.checkpoint.validate import CheckpointDamaged, CheckpointError
 from torchtitan_like.logging import logger
 
 INFO_FILE = "checkpoint.json"
@@ -41,10 +47,8 @@ def read_info(path: Path) -> dict[str, Any]:
             raise ValueError("not a checkpoint description")
         return info
     except (OSError, ValueError) as e:
-        raise CheckpointError(
-            f"{path} is corrupt: its {INFO_FILE} is missing or unreadable ({e}). Delete or move "
-            "the folder to resume from an earlier checkpoint, or choose one with "
-            "--checkpoint.load_step") from e
+        raise CheckpointDamaged(
+            f"{path} is corrupt: its {INFO_FILE} is missing or unreadable ({e})", path) from e
 
 
 def checkpoint_to_load(folder: Path, load_step: int) -> Path | None:
@@ -151,13 +155,15 @@ def purge(folder: Path, keep: int) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def check_files(path: Path) -> Any:
-    """DCP's .metadata of a checkpoint, after checking that every file it needs is there and
-    long enough; CheckpointError otherwise."""
+def check_files(path: Path) -> tuple[Any, Sums | None]:
+    """DCP's .metadata of a checkpoint and its checksums (None: saved before them), after
+    checking that every file it needs is there and long enough and every stored item has a
+    checksum; CheckpointDamaged otherwise."""
     try:
         metadata = FileSystemReader(str(path)).read_metadata()
     except Exception as e:  # any failure to unpickle means the same thing
-        raise CheckpointError(f"{path} is corrupt: its .metadata cannot be read ({e!r})") from e
+        raise CheckpointDamaged(f"{path} is corrupt: its .metadata cannot be read ({e!r})",
+                                path) from e
     sizes: dict[str, int] = {}
     for info in metadata.storage_data.values():
         name = info.relative_path
@@ -165,12 +171,20 @@ def check_files(path: Path) -> Any:
             file = path / name
             sizes[name] = file.stat().st_size if file.is_file() else -1
         if sizes[name] < 0:
-            raise CheckpointError(f"{path} is corrupt: data file {name} is missing")
+            raise CheckpointDamaged(f"{path} is corrupt: data file {name} is missing", path)
         if info.offset + info.length > sizes[name]:
-            raise CheckpointError(
+            raise CheckpointDamaged(
                 f"{path} is corrupt: data file {name} is truncated ({sizes[name]} bytes, "
-                f"{info.offset + info.length} needed)")
-    return metadata
+                f"{info.offset + info.length} needed)", path)
+    try:
+        sums = read_checksums(path)
+        missing = uncovered(metadata, sums) if sums is not None else []
+    except ChecksumMismatch as e:
+        raise CheckpointDamaged(f"{path} is corrupt: {e}", path) from e
+    if missing:
+        raise CheckpointDamaged(f"{path} is corrupt: its checksums.json does not cover "
+                                f"{len(missing)} stored item(s), e.g. {missing[0]}", path)
+    return metadata, sums
 
 
 def check_keys(template: dict[str, dict[str, Any]], metadata: Any, where: str) -> None:

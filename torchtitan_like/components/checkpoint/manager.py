@@ -1,37 +1,34 @@
-"""The checkpoint manager: which checkpoint loads, the checks before loading, and the
-(sync, async, pinned async) saves."""
+"""The checkpoint manager: the (sync, async, pinned async) saves, with their checksums
+(checksums.py); loading is checkpoint/loading.py's."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import CheckpointException, FileSystemWriter
+from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-from torchtitan_like.components.checkpoint.failure import load_failure, save_failure
+from torchtitan_like.components.checkpoint.checksums import ChecksumWriter
+from torchtitan_like.components.checkpoint.failure import save_failure
 from torchtitan_like.components.checkpoint.folder import (
-    check_files,
-    check_keys,
-    checkpoint_to_load,
     partial_name,
     publish,
     purge,
-    read_info,
     recover,
     step_folders,
 )
+from torchtitan_like.components.checkpoint.loading import STATES, CheckpointLoader, data_source
 from torchtitan_like.components.checkpoint.staging import StepOrderedStager
 from torchtitan_like.components.checkpoint.states import (
     JSONState,
@@ -41,26 +38,17 @@ from torchtitan_like.components.checkpoint.states import (
     lr_scheduler_state,
 )
 from torchtitan_like.components.checkpoint.validate import CheckpointError
-from torchtitan_like.components.fault_injection import FaultInjector
 from torchtitan_like.components.lr_scheduler import LRSchedulersContainer
 from torchtitan_like.components.optimizer import OptimizersContainer
 from torchtitan_like.config.dtypes import DTYPES
-from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.distributed.fault_tolerance import group_name
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.logging import logger
 from torchtitan_like.protocols.hf_adapter import HFAdapter
 
-STATES = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state")
-_EXCLUDE_HINT = "--checkpoint.exclude_from_loading"
-
-def _data_source(config: JobConfig) -> dict[str, Any]:
-    """What a saved stream position refers to: the same documents, split and tokenization."""
-    t = config.training
-    return {"dataset": t.dataset, "dataset_path": t.dataset_path,
-            "dataset_text_field": t.dataset_text_field, "holdout_every": t.holdout_every,
-            "tokenizer_path": config.model.tokenizer_path}
+if TYPE_CHECKING:  # the injector builds its writer on checksums.py's: no import cycle
+    from torchtitan_like.components.fault_injection import FaultInjector
 
 
 @dataclasses.dataclass
@@ -136,11 +124,12 @@ class CheckpointManager:
             for optimizer in optimizers.optimizers:
                 optimizer.register_step_pre_hook(self._wait_for_staging)
 
-    # --- loading ---
+    # --- loading (checkpoint/loading.py) ---
 
     def load(self) -> None:
-        """Resume from the latest complete checkpoint (or ``load_step``), else load the initial
-        weights (``initial_load_path``), else leave the fresh initialisation."""
+        """Resume from the latest complete checkpoint (or ``load_step``; an earlier one after
+        damage, when allowed), else load the initial weights (``initial_load_path``), else
+        leave the fresh initialisation."""
         if self.pg is None:
             return
         if self.rank == 0 and self.c.enable:
@@ -153,116 +142,11 @@ class CheckpointManager:
                     f"create_seed_checkpoint writes step-0 into an empty folder, but {self.folder} "
                     f"holds step(s) {', '.join(map(str, found))}; use another dump_folder")
             return
-        path = self._choose() if self.c.enable else None
-        if path is not None:
-            self._resume(path)
-        elif self.c.initial_load_path:
-            self._load_initial(Path(self.c.initial_load_path))
-
-    def _choose(self) -> Path | None:
-        path = checkpoint_to_load(self.folder, self.c.load_step)
-        if self.c.load_step >= 0:
-            later = [s for s in step_folders(self.folder) if s > self.c.load_step]
-            if later:
-                logger.warning(f"checkpoint: resuming from step {self.c.load_step}; the later "
-                               f"checkpoints {later} will be replaced as this run saves")
-        return path
-
-    def _resume(self, path: Path) -> None:
-        info = read_info(path)
-        excluded = set(self.c.exclude_from_loading)
-        names = [n for n in STATES if n in info["states"] and n not in excluded]
-        where = f"checkpoint {path}"
-        if info.get("world_size") != self.world_size:
-            self.train_state.rng_source = 0
-        problem = None
-        try:
-            if "dataloader" in names:
-                self._check_data(info, where)
-            metadata = check_files(path)
-            cuda_rng = f"train_state.rng_cuda.rank{self.train_state.rng_source}"
-            self.train_state.device_rng &= cuda_rng in metadata.state_dict_metadata
-            template = {n: self.states[n].state_dict() for n in names}
-            check_keys(template, metadata, where + self._model_hint(info))
-        except CheckpointError as e:
-            problem = e
-        self._agree(problem)
-        self._dcp_load({n: self.states[n] for n in names}, str(path), where)
-        self.loaded_from = path
-        step = info["step"] if "train_state" in names else 0
-        skipped = sorted(set(STATES) - set(names))
-        logger.info(f"checkpoint: loaded {', '.join(names)} from {path} (step {info['step']}, "
-                    f"saved by {info.get('world_size')} process(es)); training continues "
-                    f"after step {step}" + (f"; not loaded: {', '.join(skipped)}" if skipped
-                                            else ""))
-
-    def _model_hint(self, info: dict[str, Any]) -> str:
-        saved, here = info.get("model", {}), self.config.model
-        if saved and (saved.get("name"), saved.get("flavor")) != (here.name, here.flavor):
-            return (f" (saved by [model] {saved.get('name')}/{saved.get('flavor')}, this job "
-                    f"runs {here.name}/{here.flavor})")
-        optimizer = self.config.optimizer.name
-        if info.get("optimizer", optimizer) != optimizer:  # its states are another's
-            return (f" (saved with [optimizer] name = {info['optimizer']!r}, this job uses "
-                    f"{optimizer!r}; to start its states afresh: {_EXCLUDE_HINT}=optimizer)")
-        return ""
-
-    def _check_data(self, info: dict[str, Any], where: str) -> None:
-        saved, here = info.get("data", {}), _data_source(self.config)
-        changed = [f"{k}: saved {saved.get(k)!r}, now {v!r}" for k, v in here.items()
-                   if saved.get(k) != v]
-        if changed:
-            raise CheckpointError(
-                f"{where}: its data-stream position refers to other data ({'; '.join(changed)}). "
-                f"To start the new data from its beginning, do not load that position: "
-                f"{_EXCLUDE_HINT}=dataloader (or exclude_from_loading = [\"dataloader\"])")
-        shape = (self.global_batch_size, self.config.training.seq_len)
-        saved_shape = (info.get("global_batch_size"), info.get("seq_len"))
-        if saved_shape != shape:
-            logger.info(f"checkpoint: (global batch, seq_len) changed from {saved_shape} to "
-                        f"{shape}: the token stream continues where it stopped, cut into the new "
-                        "shapes (no token repeated or skipped)")
-
-    def _agree(self, problem: CheckpointError | None) -> None:
-        """All ranks stop together if any found a problem (none is left waiting in DCP)."""
-        flag = torch.tensor([0 if problem is None else 1])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.pg)
-        if problem is not None:
-            raise problem
-        if flag.item():
-            raise CheckpointError("another rank found the checkpoint unusable (see its error)")
-
-    def _dcp_load(self, state: dict[str, Any], checkpoint_id: str | None, where: str,
-                  **kwargs: Any) -> None:
-        try:
-            dcp.load(state, checkpoint_id=checkpoint_id, process_group=self.pg, **kwargs)
-        except (Exception, CheckpointException) as e:  # the latter is a BaseException
-            raise load_failure(e, where) from e
-
-    def _load_initial(self, path: Path) -> None:
-        """The initial weights: a DCP checkpoint's model, or a HuggingFace folder."""
-        model = self.states["model"]
-        problem = None
-        if self.c.initial_load_in_hf:
-            template: dict[str, Any] = {}
-            try:
-                self.hf_adapter.check_config(json.loads((path / "config.json").read_text()))
-                template = self.hf_adapter.to_hf(model.state_dict())
-            except (ConfigError, OSError, ValueError) as e:
-                problem = CheckpointError(f"initial_load_path {path}: {e}")
-            self._agree(problem)
-            self._dcp_load(template, None, f"HuggingFace weights {path}",
-                           storage_reader=dcp.HuggingFaceStorageReader(str(path)))
-            model.load_state_dict(self.hf_adapter.from_hf(template))
-        else:
-            try:
-                check_keys({"model": model.state_dict()}, check_files(path),
-                           f"initial_load_path {path}")
-            except CheckpointError as e:
-                problem = e
-            self._agree(problem)
-            self._dcp_load({"model": model}, str(path), f"initial_load_path {path}")
-        logger.info(f"checkpoint: initial weights loaded from {path}")
+        loader = CheckpointLoader(self.config, self.folder, self.states, self.pg,
+                                  self.train_state, self.global_batch_size, self.hf_adapter)
+        self.loaded_from = loader.resume() if self.c.enable else None
+        if self.loaded_from is None and self.c.initial_load_path:
+            loader.load_initial(Path(self.c.initial_load_path))
 
     # --- saving ---
 
@@ -283,7 +167,7 @@ class CheckpointManager:
             "world_size": self.world_size,
             "layout": {k: v for k, v in dataclasses.asdict(self.parallel_dims).items()
                        if k != "world_size"},
-            "data": _data_source(self.config),
+            "data": data_source(self.config),
             "global_batch_size": self.global_batch_size,
             "seq_len": self.config.training.seq_len,
             "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -318,7 +202,7 @@ class CheckpointManager:
         record = SaveRecord(step, mode)
         self.records.append(record)
         partial = self.folder / partial_name(step, self.writer)
-        writer = self.faults.storage_writer(str(partial), step) or FileSystemWriter(str(partial))
+        writer = self.faults.storage_writer(str(partial), step) or ChecksumWriter(partial)
         info = self._info(step, [n for n in STATES if n in states], dtype)
         try:
             upload = self._start_save(mode, states, writer)
@@ -331,7 +215,7 @@ class CheckpointManager:
         if last:
             self._wait()
 
-    def _start_save(self, mode: str, states: dict[str, Any], writer: FileSystemWriter) -> Future:
+    def _start_save(self, mode: str, states: dict[str, Any], writer: ChecksumWriter) -> Future:
         """Start DCP's save in ``mode``; the future completes once it is written everywhere."""
         if mode == "disabled":
             dcp.save(states, storage_writer=writer, process_group=self.pg)
@@ -392,7 +276,7 @@ class CheckpointManager:
         if not self.c.create_seed_checkpoint:
             return False
         partial = self.folder / "step-0.partial"  # one process (validate_checkpoint)
-        dcp.save({"model": self.states["model"]}, storage_writer=FileSystemWriter(str(partial)),
+        dcp.save({"model": self.states["model"]}, storage_writer=ChecksumWriter(partial),
                  process_group=self.pg)
         publish(partial, self.folder / "step-0",
                 self._info(0, ["model"], self.config.training.dtype))

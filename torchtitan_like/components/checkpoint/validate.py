@@ -13,6 +13,16 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be saved or loaded; the message says why and what to do."""
 
 
+class CheckpointDamaged(CheckpointError):
+    """A checkpoint (``path``) whose files are not what its save wrote (missing, truncated,
+    bytes that fail their checksum): ``[checkpoint] fallback_on_damage`` may resume from an
+    earlier one."""
+
+    def __init__(self, message: str, path: Path | None = None):
+        super().__init__(message)
+        self.path = path
+
+
 def validate_checkpoint(config: JobConfig, world_size: int) -> None:
     """ConfigError for every [checkpoint] setting that cannot work, before anything starts (a
     setting whose switch is off is one without effect: config/switches.py)."""
@@ -26,6 +36,10 @@ def validate_checkpoint(config: JobConfig, world_size: int) -> None:
     require(c.keep_latest_k >= 0, f"keep_latest_k = {c.keep_latest_k}: must be >= 0 (0 = all)")
     require(c.load_step >= -1, f"load_step = {c.load_step}: must be a step >= 0, or -1 (latest)")
     require(bool(c.folder.strip()), "folder: must not be empty")
+    require(c.load_step == -1 or not c.enable or not config.job.overwrite
+            or config.fault_tolerance.enable,
+            f"load_step = {c.load_step} resumes a run, but [job] overwrite = true starts a fresh "
+            "one (the folder's checkpoints are archived first): set only one of them")
     if c.create_seed_checkpoint:  # a different job, not a setting: refused without enable
         require(c.enable, "create_seed_checkpoint needs enable = true (it saves the initial "
                 "weights and exits; without checkpoints the job would train instead)")

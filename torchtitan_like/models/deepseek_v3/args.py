@@ -21,6 +21,7 @@ from torchtitan_like.distributed.layout_rules import (
     check_tensor_parallel_shapes,
 )
 from torchtitan_like.models.moe import MoEArgs
+from torchtitan_like.models.stage_layout import fqns_per_stage
 from torchtitan_like.protocols.model_args import BaseModelArgs, check_arg_ranges
 
 if TYPE_CHECKING:
@@ -65,7 +66,10 @@ class DeepSeekV3Args(BaseModelArgs):
     mtp_depth: int = 0  # multi-token prediction modules (mtp.py); DeepSeek-V3 trains with 1
     mtp_loss_weight: float = 0.3  # lambda of the MTP loss (DeepSeek-V3: 0.3, later 0.1)
 
-    tie_word_embeddings = False  # the head has its own weight (read by llama's TP edges)
+    @property
+    def mtp_modules(self) -> list[str]:
+        """The modules after the head (models/stage_layout.py): the MTP depths, if any."""
+        return ["mtp"] if self.mtp_depth else []
 
     @property
     def qk_head_dim(self) -> int:
@@ -101,9 +105,7 @@ class DeepSeekV3Args(BaseModelArgs):
             raise ConfigError(f"{flavor}: n_dense_layers {self.n_dense_layers} must be in "
                               f"0..n_layers ({self.n_layers})")
         if parallel_dims.pp > 1:  # llama3's module layout, then the MTP modules
-            from torchtitan_like.models.deepseek_v3.pipeline import deepseek_fqns_per_stage
-
-            deepseek_fqns_per_stage(self, job_config)
+            fqns_per_stage(self.n_layers, job_config, self.mtp_modules)
         # MLA splits by heads (queries, keys and values alike), as llama's attention
         check_tensor_parallel_shapes(parallel_dims.tp, self.n_heads, self.n_heads,
                                      self.vocab_size, flavor)

@@ -21,9 +21,10 @@ import torch
 from torch import nn
 
 from torchtitan_like.models.attention_masks import AttentionMask, attention, build_mask
+from torchtitan_like.models.block import PreNormBlock, init_blocks_and_head
 from torchtitan_like.models.deepseek_v3.args import DeepSeekV3Args, YarnScaling
 from torchtitan_like.models.deepseek_v3.mtp import MTPLoss
-from torchtitan_like.models.llama3.model import FeedForward
+from torchtitan_like.models.feed_forward import FeedForward
 from torchtitan_like.models.moe import MoE
 from torchtitan_like.models.norm import RMSNorm
 
@@ -122,35 +123,16 @@ class MultiHeadLatentAttention(nn.Module):
         nn.init.trunc_normal_(self.wo.weight, mean=0.0, std=init_std)
 
 
-class DeepSeekV3Block(nn.Module):
-    """Attention, then a dense SwiGLU (``feed_forward``, the first ``n_dense_layers`` blocks)
-    or a mixture of experts (``moe``)."""
+class DeepSeekV3Block(PreNormBlock):
+    """The shared pre-norm block (models/block.py): latent attention, then a dense SwiGLU
+    (``feed_forward``, the first ``n_dense_layers`` blocks) or a mixture of experts (``moe``)."""
 
     def __init__(self, layer_id: int, args: DeepSeekV3Args):
-        super().__init__()
-        self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
-        self.attention = MultiHeadLatentAttention(args)
-        self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
-        self.moe_enabled = layer_id >= args.n_dense_layers
-        if self.moe_enabled:
-            self.moe = MoE(args.dim, args.moe_inter_dim, args.moe, layer_id,
-                           args.n_layers + args.mtp_depth)  # MTP blocks are layers too
-        else:
-            self.feed_forward = FeedForward(args.dim, args.inter_dim)
-        depth = layer_id + 1 if args.depth_init else args.n_layers
-        self.init_std = 0.02 / (2 * depth) ** 0.5
-
-    def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: AttentionMask = None
-                ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope, mask=mask)
-        ffn = self.moe if self.moe_enabled else self.feed_forward
-        return h + ffn(self.ffn_norm(h))
-
-    def init_weights(self) -> None:
-        for norm in (self.attention_norm, self.ffn_norm):
-            norm.reset_parameters()
-        self.attention.init_weights(self.init_std)
-        (self.moe if self.moe_enabled else self.feed_forward).init_weights(self.init_std)
+        attention = MultiHeadLatentAttention(args)  # built first: its weights draw first
+        super().__init__(layer_id, args, attention,
+                         FeedForward(args.dim, args.inter_dim) if layer_id < args.n_dense_layers
+                         else MoE(args.dim, args.moe_inter_dim, args.moe, layer_id,
+                                  args.n_layers + args.mtp_depth))  # MTP blocks are layers too
 
 
 class DeepSeekV3Model(nn.Module):
@@ -192,12 +174,6 @@ class DeepSeekV3Model(nn.Module):
         self.rope_cache.copy_(rope_cache(self.args).to(self.rope_cache.device))
         if self.tok_embeddings is not None:
             nn.init.normal_(self.tok_embeddings.weight)
-        for layer in self.layers.values():
-            layer.init_weights()
-        if self.norm is not None:
-            self.norm.reset_parameters()
-        if self.output is not None:
-            std = self.args.dim**-0.5
-            nn.init.trunc_normal_(self.output.weight, std=std, a=-3 * std, b=3 * std)
+        init_blocks_and_head(self.layers, self.norm, self.output, self.args.dim)
         if self.mtp is not None:  # last: the main model draws the numbers it draws without
             self.mtp.init_weights()

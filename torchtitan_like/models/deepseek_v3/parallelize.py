@@ -30,16 +30,17 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from torch import nn
-from torch.distributed.tensor.parallel import ParallelStyle, SequenceParallel, parallelize_module
+from torch.distributed.tensor.parallel import ParallelStyle, SequenceParallel
 
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.distributed.activation_checkpoint import apply_ac
-from torchtitan_like.distributed.local_tp import LocalTensorParallel, moe_tp_plan
+from torchtitan_like.distributed.local_tp import LocalTensorParallel
 from torchtitan_like.distributed.parallel_dims import Meshes, ParallelDims
-from torchtitan_like.distributed.plan_toolkit import apply_block_tail, swiglu_plan
-from torchtitan_like.distributed.tensor_parallel import materialise_output, maybe_enable_async_tp
+from torchtitan_like.distributed.plan_toolkit import apply_block_tail
+from torchtitan_like.distributed.tensor_parallel import BlockPlanFn, TPPlan, apply_tp
+from torchtitan_like.distributed.tp_styles import nested
+from torchtitan_like.models.block_plan import expert_options, prenorm_tp_plan
 from torchtitan_like.models.deepseek_v3.model import DeepSeekV3Model
-from torchtitan_like.models.llama3.parallelize import apply_tp, embedding_tp_style
 from torchtitan_like.models.moe import register_moe_balancing, routed_experts
 
 if TYPE_CHECKING:
@@ -52,18 +53,23 @@ the rest (wq_a, q_norm, wkv_a, kv_norm) is replicated."""
 
 def block_tp_plan(block: nn.Module, device_type: str, expert_parallel: bool = False,
                   experts_over_tp: bool = True) -> dict[str, ParallelStyle]:
-    """One block: sequence parallel norms, MLA as a local TP region, then the dense SwiGLU
-    pair or the MoE region (its routed experts left to expert parallelism when it is on;
-    ``experts_over_tp=False``: ETP = 1, the MoE layer runs on each rank's sequence shard)."""
+    """The shared block's table (models/block_plan.py) with MLA as a local TP region: the
+    dense SwiGLU pair or the MoE region (its routed experts left to expert parallelism when
+    it is on; ``experts_over_tp=False``: ETP = 1, the MoE layer runs on each rank's sequence
+    shard)."""
     present = {name for name, _ in block.attention.named_parameters()}
-    ffn = (moe_tp_plan(block, expert_parallel=expert_parallel, experts_over_tp=experts_over_tp)
-           if block.moe_enabled else swiglu_plan(block, device_type))
-    return {
-        "attention_norm": SequenceParallel(),
-        "attention": LocalTensorParallel({p: d for p, d in MLA_SHARDED.items() if p in present}),
-        "ffn_norm": SequenceParallel(),
-        **ffn,
-    }
+    attention = LocalTensorParallel({p: d for p, d in MLA_SHARDED.items() if p in present})
+    return prenorm_tp_plan(block, device_type, {"attention": attention},
+                           expert_parallel=expert_parallel, experts_over_tp=experts_over_tp)
+
+
+def tp_plan(block_plan: BlockPlanFn) -> TPPlan:
+    """What DeepSeek-V3 shards under TP: llama's edges (no tied head), the blocks, and the MTP
+    depths; the MTP's embedding is the trunk's own module, split once, or on the last
+    pipeline stage its copy of it, split alike."""
+    return TPPlan(blocks={"layers": block_plan,
+                          "mtp.depths": partial(mtp_tp_plan, block_plan=block_plan)},
+                  embeddings=("tok_embeddings", "mtp.embedding"), norm="norm", head="output")
 
 
 def parallelize_deepseek_v3(
@@ -77,19 +83,9 @@ def parallelize_deepseek_v3(
     shared module is gathered for the whole forward); the last pipeline stage's copy of it
     gets the embedding's TP style and lies in the root unit too, so both copies are sharded
     alike (distributed/tied_weights.py)."""
-    block_plan = partial(block_tp_plan, expert_parallel=parallel_dims.ep_enabled,
-                         experts_over_tp=parallel_dims.etp > 1)
+    block_plan = partial(block_tp_plan, **expert_options(parallel_dims))
+    apply_tp(model, tp_plan(block_plan), parallel_dims, meshes, config)
     mtp = model.mtp.depths if model.mtp is not None else nn.ModuleDict()
-    if parallel_dims.tp_enabled:
-        apply_tp(model, meshes.tp, loss_parallel=parallel_dims.loss_parallel_enabled,
-                 block_plan=block_plan)
-        if model.mtp is not None and model.tok_embeddings is None:  # the last stage's copy
-            parallelize_module(model.mtp.embedding, meshes.tp, embedding_tp_style())
-            materialise_output(model.mtp.embedding)
-        for depth in mtp.values():
-            parallelize_module(depth, meshes.tp, mtp_tp_plan(depth, meshes.tp.device_type,
-                                                             block_plan))
-        maybe_enable_async_tp(config, meshes.tp)
     apply_ac(mtp, config.activation_checkpoint)  # the MTP depths, each as one block
     blocks = [*model.layers.values(), *(depth.block for depth in mtp.values())]
     apply_block_tail(model, model.layers, parallel_dims, meshes, config,
@@ -100,17 +96,15 @@ def parallelize_deepseek_v3(
 
 
 def mtp_tp_plan(depth: nn.Module, device_type: str,
-                block_plan: partial) -> dict[str, ParallelStyle]:
+                block_plan: BlockPlanFn) -> dict[str, ParallelStyle]:
     """One MTP depth (mtp.py) on sequence-sharded hidden states: its norms and the
     token-wise projection sequence parallel (replicated weights, gradients summed over TP),
     its block as the model's blocks."""
-    plan: dict[str, ParallelStyle] = {
+    return {
         "enorm": SequenceParallel(), "hnorm": SequenceParallel(), "norm": SequenceParallel(),
         "eh_proj": SequenceParallel(use_local_output=True),
+        **nested("block", block_plan(depth.block, device_type)),
     }
-    plan.update({f"block.{name}": style
-                 for name, style in block_plan(depth.block, device_type).items()})
-    return plan
 
 
 def register_optimizer_hooks(model_parts: list[nn.Module], optimizers: OptimizersContainer,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.distributed.layout_rules import check_tensor_parallel_shapes
-from torchtitan_like.models.llama3.pipeline import llama_fqns_per_stage
+from torchtitan_like.models.stage_layout import fqns_per_stage
 from torchtitan_like.protocols.model_args import BaseModelArgs, check_arg_ranges
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ def check_heads_and_layout(args: Llama3Args, job_config: JobConfig,
                 "parallelism would put on different stages (first and last); use an "
                 "untied flavor or [parallelism] pipeline_parallel_degree = 1"
             )
-        llama_fqns_per_stage(args, job_config)
+        fqns_per_stage(args.n_layers, job_config)
 
 
 _LLAMA31 = RopeScaling(factor=8.0)

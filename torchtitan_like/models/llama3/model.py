@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchtitan_like.models.attention_masks import AttentionMask, attention, build_mask
+from torchtitan_like.models.block import PreNormBlock, init_blocks_and_head
+from torchtitan_like.models.feed_forward import FeedForward
 from torchtitan_like.models.llama3.args import Llama3Args, RopeScaling
 from torchtitan_like.models.norm import RMSNorm
 
@@ -87,44 +89,12 @@ class Attention(nn.Module):
         nn.init.trunc_normal_(self.wo.weight, mean=0.0, std=init_std)
 
 
-class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+class TransformerBlock(PreNormBlock):
+    """The shared pre-norm block (models/block.py) with grouped-query attention and SwiGLU."""
 
-    def __init__(self, dim: int, hidden_dim: int):
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
-        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
-        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-    def init_weights(self, init_std: float) -> None:
-        nn.init.trunc_normal_(self.w1.weight, mean=0.0, std=0.02)
-        for linear in (self.w2, self.w3):
-            nn.init.trunc_normal_(linear.weight, mean=0.0, std=init_std)
-
-
-class TransformerBlock(nn.Module):
     def __init__(self, layer_id: int, args: Llama3Args):
-        super().__init__()
-        self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
-        self.attention = Attention(args)
-        self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
-        self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
-        depth = layer_id + 1 if args.depth_init else args.n_layers
-        self.init_std = 0.02 / (2 * depth) ** 0.5
-
-    def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: AttentionMask = None
-                ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope, mask=mask)
-        return h + self.feed_forward(self.ffn_norm(h))
-
-    def init_weights(self) -> None:
-        for norm in (self.attention_norm, self.ffn_norm):
-            norm.reset_parameters()
-        self.attention.init_weights(self.init_std)
-        self.feed_forward.init_weights(self.init_std)
+        super().__init__(layer_id, args, Attention(args),
+                         FeedForward(args.dim, args.ffn_hidden_dim))
 
 
 class Transformer(nn.Module):
@@ -180,9 +150,4 @@ class Transformer(nn.Module):
                 nn.init.trunc_normal_(self.tok_embeddings.weight, std=std, a=-3 * std, b=3 * std)
             else:
                 nn.init.normal_(self.tok_embeddings.weight)
-        for layer in self.layers.values():
-            layer.init_weights()
-        if self.norm is not None:
-            self.norm.reset_parameters()
-        if self.output is not None:
-            nn.init.trunc_normal_(self.output.weight, std=std, a=-3 * std, b=3 * std)
+        init_blocks_and_head(self.layers, self.norm, self.output, self.args.dim)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from torchtitan_like.models.llama3.model import FeedForward
+from torchtitan_like.models.feed_forward import FeedForward
 from torchtitan_like.models.moe.args import MoEArgs
 from torchtitan_like.models.moe.experts import GroupedExperts
 from torchtitan_like.models.moe.router import TokenChoiceTopKRouter

@@ -11,10 +11,10 @@ locally (parallelize.py).
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from torchtitan_like.models.attention_masks import AttentionMask
-from torchtitan_like.models.llama3.model import Attention, FeedForward, Transformer, apply_rope
+from torchtitan_like.models.block import PreNormBlock
+from torchtitan_like.models.feed_forward import FeedForward
+from torchtitan_like.models.llama3.model import Attention, Transformer, apply_rope
 from torchtitan_like.models.moe import MoE
 from torchtitan_like.models.norm import RMSNorm
 from torchtitan_like.models.qwen3.args import Qwen3Args
@@ -36,36 +36,15 @@ class Qwen3Attention(Attention):
         self.k_norm.reset_parameters()
 
 
-class Qwen3Block(nn.Module):
-    """Pre-norm attention, then pre-norm SwiGLU (``feed_forward``) or MoE (``moe``)."""
+class Qwen3Block(PreNormBlock):
+    """The shared pre-norm block (models/block.py): Qwen3's attention, then SwiGLU
+    (``feed_forward``) or MoE (``moe``)."""
 
     def __init__(self, layer_id: int, args: Qwen3Args):
-        super().__init__()
-        self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
-        self.attention = Qwen3Attention(args)
-        self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
-        self.moe_enabled = args.moe is not None
-        if self.moe_enabled:
-            self.moe = MoE(args.dim, args.moe_hidden_dim, args.moe, layer_id, args.n_layers)
-        else:
-            self.feed_forward = FeedForward(args.dim, args.hidden_dim)
-        depth = layer_id + 1 if args.depth_init else args.n_layers
-        self.init_std = 0.02 / (2 * depth) ** 0.5
-
-    @property
-    def ffn(self) -> nn.Module:
-        return self.moe if self.moe_enabled else self.feed_forward
-
-    def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: AttentionMask = None
-                ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope, mask=mask)
-        return h + self.ffn(self.ffn_norm(h))
-
-    def init_weights(self) -> None:
-        for norm in (self.attention_norm, self.ffn_norm):
-            norm.reset_parameters()
-        self.attention.init_weights(self.init_std)
-        self.ffn.init_weights(self.init_std)
+        attention = Qwen3Attention(args)  # built first: its weights draw first
+        super().__init__(layer_id, args, attention,
+                         FeedForward(args.dim, args.hidden_dim) if args.moe is None
+                         else MoE(args.dim, args.moe_hidden_dim, args.moe, layer_id, args.n_layers))
 
 
 class Qwen3Model(Transformer):

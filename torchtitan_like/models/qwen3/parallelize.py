@@ -22,38 +22,33 @@ from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle, SequenceParallel
 
 from torchtitan_like.config.job_config import JobConfig
-from torchtitan_like.distributed.local_tp import moe_tp_plan
 from torchtitan_like.distributed.parallel_dims import Meshes, ParallelDims
-from torchtitan_like.distributed.plan_toolkit import attention_plan
-from torchtitan_like.models.llama3.parallelize import block_tp_plan, parallelize_llama
+from torchtitan_like.distributed.tp_styles import attention_plan
+from torchtitan_like.models.block_plan import expert_options, prenorm_tp_plan
+from torchtitan_like.models.llama3.parallelize import parallelize_llama
 from torchtitan_like.models.moe import routed_experts
 from torchtitan_like.models.qwen3.model import Qwen3Model
 
 
 def qwen3_block_tp_plan(block: nn.Module, device_type: str, expert_parallel: bool = False,
                         experts_over_tp: bool = True) -> dict[str, ParallelStyle]:
-    """Llama's block plan plus head-sharded q/k norms (local tensors out, as RoPE expects); a
-    MoE block's ``moe`` runs as one local TP region with its experts split over TP
-    (distributed/local_tp.py) where llama's block has its SwiGLU pair (on each rank's own
-    sequence shard instead under ETP = 1, ``experts_over_tp=False``)."""
-    if block.moe_enabled:
-        plan = {"attention_norm": SequenceParallel(), **attention_plan(block, device_type),
-                "ffn_norm": SequenceParallel(),
-                **moe_tp_plan(block, expert_parallel=expert_parallel,
-                              experts_over_tp=experts_over_tp)}
-    else:
-        plan = block_tp_plan(block, device_type)
-    return {
-        **plan,
+    """Llama's attention entries plus head-sharded q/k norms (local tensors out, as RoPE
+    expects), in the shared block's table (models/block_plan.py): a MoE block's ``moe`` runs
+    as one local TP region with its experts split over TP where llama's block has its SwiGLU
+    pair (on each rank's own sequence shard instead under ETP = 1,
+    ``experts_over_tp=False``)."""
+    attention = {
+        **attention_plan(block, device_type),
         "attention.q_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
         "attention.k_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
     }
+    return prenorm_tp_plan(block, device_type, attention, expert_parallel=expert_parallel,
+                           experts_over_tp=experts_over_tp)
 
 
 def parallelize_qwen3(model: Qwen3Model, parallel_dims: ParallelDims, meshes: Meshes,
                       config: JobConfig) -> Qwen3Model:
     return parallelize_llama(model, parallel_dims, meshes, config,
                              block_plan=partial(qwen3_block_tp_plan,
-                                                expert_parallel=parallel_dims.ep_enabled,
-                                                experts_over_tp=parallel_dims.etp > 1),
+                                                **expert_options(parallel_dims)),
                              routed_experts=routed_experts(model.layers.values()))

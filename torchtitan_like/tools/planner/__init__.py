@@ -13,10 +13,14 @@ nothing is allocated.
     schedule.py       pipeline stages, placement, schedule order, in-flight microbatches, bubble
     activations.py    activation bytes per block (Korthikanti et al., 2022, applied to Llama)
     attention.py      what each attention family keeps (Qwen3's q/k norms, DeepSeek's MLA)
+    mixed_precision.py  the dtype each kept tensor has (autocast without FSDP, FSDP's mixed
+                      precision, the composite RMSNorm's and the CPU attention's fp32 copies)
     memory.py         the peak per pipeline rank, walked through its schedule
     communication.py  bytes per step per parallel dimension, and the link each uses
     ring.py           ring attention under CP: steps, exposed K/V traffic, merges, memory
     step_time.py      the step time in named parts, tokens/s per GPU and MFU
+    overheads.py      thin matmul shapes, the optimizer step, FSDP's copies, host dispatch
+    hardware.py       a hardware profile (ttl-plan --calibrate) as the GPU the planner reads
     layout_plan.py    one layout, planned (and ``plan_fitting``: the least AC that fits)
     search.py         ranked layouts honouring pinned degrees and options
     from_config.py    the inputs of a training config
@@ -27,7 +31,7 @@ against published runs.
 
 from torchtitan_like.tools.planner.activations import korthikanti_layer_bytes, layer_elements
 from torchtitan_like.tools.planner.calibration import CALIBRATION, Calibration
-from torchtitan_like.tools.planner.communication import Comm, communication, ring_volume
+from torchtitan_like.tools.planner.communication import communication
 from torchtitan_like.tools.planner.from_config import (
     ac_of,
     from_job_config,
@@ -48,6 +52,7 @@ from torchtitan_like.tools.planner.inputs import (
     check_ac,
 )
 from torchtitan_like.tools.planner.layout_plan import Plan, plan, plan_fitting
+from torchtitan_like.tools.planner.links import Comm, ring_volume
 from torchtitan_like.tools.planner.memory import Memory, stage_memory
 from torchtitan_like.tools.planner.rules import validate_layout
 from torchtitan_like.tools.planner.schedule import (

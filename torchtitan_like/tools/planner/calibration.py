@@ -18,16 +18,16 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class Calibration:
-    eager_passes: float = 34.3
+    eager_passes: float = 33.1
     """Times each activation element of a block (activations.layer_elements without AC)
     crosses HBM in the block's memory-bound kernels (norms, RoPE, SwiGLU's element-wise ops,
     residual adds, casts, forward and backward) when they run eagerly. It also carries what
     the model does not count (kernel launch gaps, the optimizer step, the power limit of the
     runs it is fitted to). Null: 0 (no memory-bound time)."""
-    compiled_passes: float = 24.2
+    compiled_passes: float = 23.0
     """The same with compiled blocks (inductor fuses element-wise kernels). Null: the eager
     passes (compiling changes nothing)."""
-    ring_efficiency: float = 0.583
+    ring_efficiency: float = 0.581
     """Share of the attention kernels' rate (``GPU.attention_efficiency``) that torch's ring
     attention reaches on the steps after its first (each a received K/V chunk, half of it
     needed: ring.py), with what the ring model does not count. Null: 1 (those steps attend

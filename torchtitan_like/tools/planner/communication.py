@@ -1,4 +1,4 @@
-"""Bytes each GPU sends per step, per parallel dimension, and the link each group uses.
+"""Bytes each GPU sends per step, per parallel dimension, over the link each group uses (links.py).
 
 Ring algorithms: (n-1)/n of the data for an all-gather or reduce-scatter, twice that for an
 all-reduce. FSDP all-gathers parameters (twice with reshard: forward and backward) and
@@ -20,109 +20,73 @@ transfer the step waits for is step_time.py's business.
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
-import math
-
 from torchtitan_like.tools.planner.inputs import Cluster, Layout, ModelShape, Workload
+from torchtitan_like.tools.planner.links import Comm, link, ring_volume
 from torchtitan_like.tools.planner.moe import all_to_all_bytes, all_to_all_share, expert_split
 from torchtitan_like.tools.planner.ring import cp_traffic
 from torchtitan_like.tools.planner.schedule import busiest_rank_layers, checkpointed, rank_layers
 
 
-@dataclasses.dataclass
-class Comm:
-    dim: str
-    group: int
-    link: str
-    bandwidth_gbps: float
-    bytes_per_step: float
-    hops: float = 0.0
-    """Ring steps per optimizer step, each costing ``latency_s``."""
-    latency_s: float = 0.0
-    """Seconds one ring step (hop) of this link costs beside its bytes (GPU.*_latency_s)."""
-
-    @property
-    def seconds(self) -> float:
-        return self.transfer(self.bytes_per_step, self.hops)
-
-    def transfer(self, nbytes: float, hops: float) -> float:
-        """Seconds ``nbytes`` take over this group's link in ``hops`` ring steps."""
-        return nbytes / (self.bandwidth_gbps * 1e9) + hops * self.latency_s
-
-
-def ring_volume(n: int, nbytes: float) -> float:
-    """Bytes each rank sends in a ring all-gather or reduce-scatter of ``nbytes`` in total."""
-    return (n - 1) / n * nbytes
-
-
-def link(cluster: Cluster, span: int, message_bytes: float) -> tuple[str, float, float]:
-    """The link, its GB/s for ``message_bytes`` a ring step and its hop latency for a group
-    spanning ``span`` consecutive ranks."""
-    gpu = cluster.gpu
-    if span <= cluster.gpus_per_node:
-        rate = rate_at(gpu.intra_node_gbps_by_message, message_bytes) or gpu.intra_node_gbps
-        return "intra-node", rate, gpu.intra_node_latency_s
-    return "inter-node", gpu.inter_node_gbps, gpu.inter_node_latency_s
-
-
-def rate_at(curve: tuple[tuple[float, float], ...], message_bytes: float) -> float:
-    """GB/s at ``message_bytes`` on a measured (bytes, GB/s) curve, linear in log size between
-    its points, its end points held beyond them; 0.0 without a curve."""
-    if not curve:
-        return 0.0
-    size = max(message_bytes, 1.0)
-    if size <= curve[0][0]:
-        return curve[0][1]
-    for (lo, lo_rate), (hi, hi_rate) in itertools.pairwise(curve):
-        if size <= hi:
-            share = math.log(size / lo) / math.log(hi / lo)
-            return lo_rate + share * (hi_rate - lo_rate)
-    return curve[-1][1]
-
-
 def communication(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout,
                   microbatches: int) -> list[Comm]:
     """Bytes each GPU of the busiest pipeline rank sends per step, per parallel dimension
-    (FSDP: rank 0's stage with the embedding)."""
+    (FSDP: rank 0's stage with the embedding, and the head without PP)."""
     prec, t, cp, pp = work.precision, layout.tp, layout.cp, layout.pp
     layers = busiest_rank_layers(m, layout)
     experts = rank_layers(m, layout, 0) * m.expert_block_params  # rank 0's routed experts
-    local = (rank_layers(m, layout, 0) * m.block_params - experts + m.embedding_params) / t
+    head = m.head_params if pp == 1 else 0.0  # rank 0 holds the last stage too without PP
+    local = (rank_layers(m, layout, 0) * m.block_params - experts + m.embedding_params
+             + head) / t
     tokens = layout.local_batch_size * work.seq_len  # per microbatch, before CP
     sbh = tokens * m.dim * prec.compute_bytes
     recomputed = sum(checkpointed(layout.ac, layers))
     comms: list[Comm] = []
 
-    def add(dim: str, group: int, span: int, nbytes: float, hops: float) -> None:
-        if group > 1:
-            name, bandwidth, latency = link(cluster, span, nbytes / max(hops, 1.0))
-            comms.append(Comm(dim, group, name, bandwidth, nbytes, hops, latency))
+    def add(dim: str, group: int, span: int, *parts: tuple[str, float, float]) -> None:
+        """One dimension's traffic: (collective, bytes, hops) parts, each at its own
+        collective's rate for its ring step's message; the Comm carries their total bytes at
+        the rate that gives their summed seconds."""
+        nbytes, hops = sum(p[1] for p in parts), sum(p[2] for p in parts)
+        if group == 1 or nbytes <= 0:
+            return
+        seconds, name, latency = 0.0, "", 0.0
+        for kind, part_bytes, part_hops in parts:
+            name, rate, latency = link(cluster, span, part_bytes / max(part_hops, 1.0), kind)
+            seconds += part_bytes / rate
+        comms.append(Comm(dim, group, name, nbytes / seconds, nbytes, hops, latency))
 
     # Innermost first: [pp, dp_replicate, dp_shard, cp, tp].
-    tp_calls = microbatches * (8 * layers + 4 * recomputed)
-    add("tp", t, t, tp_calls * ring_volume(t, sbh / cp), tp_calls * (t - 1))
+    tp_calls = microbatches * (8 * layers + 4 * recomputed)  # half gathers, half reductions
+    tp_half = (tp_calls / 2 * ring_volume(t, sbh / cp), tp_calls / 2 * (t - 1))
+    add("tp", t, t, ("all_gather", *tp_half), ("reduce_scatter", *tp_half))
     if cp > 1:  # K/V forward and backward, their gradients back (ring.py)
-        add("cp", cp, t * cp, *cp_traffic(m, work, layout, microbatches, layers, recomputed))
+        rotate = "all_gather" if layout.cp_rotate_method == "allgather" else "all_to_all"
+        add("cp", cp, t * cp,
+            (rotate, *cp_traffic(m, work, layout, microbatches, layers, recomputed)))
     n = layout.fsdp_degree
     syncs = 1 if pp > 1 else microbatches  # pipelined FSDP reduces once per step
-    gathers = _gathers(layout, microbatches)
-    per_param = gathers * prec.compute_bytes + syncs * prec.reduce_bytes
+    gathers = fsdp_gathers(layout, microbatches)
     split = expert_split(layout)  # ep x ETP ranks hold different experts' weights
     efsdp = n * t // split
-    fsdp = ring_volume(n, local * per_param) + ring_volume(efsdp, experts / split * per_param)
     units = layers + 2  # one FSDP unit per block, the embedding and the head
-    add("fsdp", n, t * n, fsdp, units * (gathers + syncs) * (n - 1))
+
+    def fsdp(calls: int, nbytes: int) -> tuple[float, float]:
+        return (ring_volume(n, local * calls * nbytes)
+                + ring_volume(efsdp, experts / split * calls * nbytes), units * calls * (n - 1))
+
+    add("fsdp", n, t * n, ("all_gather", *fsdp(gathers, prec.compute_bytes)),
+        ("reduce_scatter", *fsdp(syncs, prec.reduce_bytes)))
     r = layout.dp_replicate
-    add("dp_replicate", r, t * n * r, syncs * 2 * ring_volume(r, local / n * prec.reduce_bytes),
-        units * syncs * 2 * (r - 1))
+    add("dp_replicate", r, t * n * r,
+        ("all_reduce", syncs * 2 * ring_volume(r, local / n * prec.reduce_bytes),
+         units * syncs * 2 * (r - 1)))
     _add_all_to_all(comms, m, cluster, work, layout, microbatches, layers)
     sends = microbatches * layout.stages_per_rank * 2
-    add("pp", pp, cluster.num_gpus, sends * sbh / (t * cp), sends)
+    add("pp", pp, cluster.num_gpus, ("send_recv", sends * sbh / (t * cp), sends))
     return comms
 
 
-def _gathers(layout: Layout, microbatches: int) -> int:
+def fsdp_gathers(layout: Layout, microbatches: int) -> int:
     """FSDP all-gathers of each parameter per step. Without PP, one per microbatch forward and,
     resharding after forward, one more per backward. Under PP the stage keeps its parameters
     gathered after a backward until the last (``set_reshard_after_backward(False)``): without
@@ -148,5 +112,6 @@ def _add_all_to_all(comms: list[Comm], m: ModelShape, cluster: Cluster, work: Wo
     _, share = all_to_all_share(layout.ep, cluster.gpus_per_node)
     calls = 2 * microbatches * (2 * moe_layers + recomputed)
     sent = volume * share
-    name, bandwidth, latency = link(cluster, layout.ep, sent / calls)  # consecutive ranks
+    name, bandwidth, latency = link(cluster, layout.ep, sent / calls,  # consecutive ranks
+                                    "all_to_all")
     comms.append(Comm("ep", layout.ep, name, bandwidth, sent, calls, latency))

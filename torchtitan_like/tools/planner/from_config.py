@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from torchtitan_like.components.optimizer import optimizer_spec
+from torchtitan_like.components.optimizer import FUSED, optimizer_spec
 from torchtitan_like.config.derived import float8_enabled, optimizer_state_dtype
 from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.distributed import layout_rules
@@ -50,7 +50,10 @@ def predict_stage_peaks(config: JobConfig, num_gpus: int, gpu: GPU) -> list[Memo
 def _precision(config: JobConfig) -> Precision:
     t = config.training
     bf16_moments = optimizer_state_dtype(config.optimizer) == "bfloat16"
+    foreach = config.optimizer.implementation == "foreach" and not bf16_moments
     return Precision(master_bytes=DTYPES[t.dtype].itemsize, state_bytes=2 if bf16_moments else 0,
+                     step_temporary=foreach,
+                     fused_optimizer=config.optimizer.implementation in FUSED,
                      compute_bytes=DTYPES[t.mixed_precision_param].itemsize,
                      reduce_bytes=DTYPES[t.mixed_precision_reduce].itemsize)
 

@@ -19,9 +19,10 @@ from collections.abc import Callable, Sequence
 
 from torchtitan_like.models.registry import get_model_args, get_model_spec
 from torchtitan_like.tools.planner.calibration import CALIBRATION, NULLS, Calibration, nulled
-from torchtitan_like.tools.planner.communication import Comm, communication
+from torchtitan_like.tools.planner.communication import communication
 from torchtitan_like.tools.planner.inputs import GiB, ModelShape
 from torchtitan_like.tools.planner.layout_plan import Plan, plan
+from torchtitan_like.tools.planner.links import Comm
 from torchtitan_like.tools.planner.published import PUBLISHED_RUNS, PublishedRun
 from torchtitan_like.tools.planner.rules import validate_layout
 from torchtitan_like.tools.planner.step_time import estimate_step_time

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Literal
 from torchtitan_like.components.metrics import GPU_PEAK_TFLOPS
 from torchtitan_like.components.optim.registry import StateFootprint
 from torchtitan_like.distributed.fsdp import reshard_after_forward
-from torchtitan_like.tools.planner.attention import LatentAttention, latent_attention
+from torchtitan_like.tools.planner.latent import LatentAttention, latent_attention
 from torchtitan_like.tools.planner.moe import attention_fields, moe_fields
 
 if TYPE_CHECKING:
@@ -81,6 +81,39 @@ class GPU:
     its messages by copies through memory, measured here at 1.2 GB/s for 1 MiB a rank and
     0.55 for 32 MiB (scripts/bench_planner_structure.py, docs/measurements.md); a GPU preset
     has no curve (an nccl-tests sweep would be one)."""
+    collective_gbps: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] = ()
+    """Measured (bytes per ring step, GB/s a rank sends) curves per collective and link,
+    keyed "all_gather/intra", "reduce_scatter/inter", ... (``ttl-plan --calibrate``,
+    tools/planner/hardware.py): a collective with its own curve runs at it; without, at
+    ``intra_node_gbps_by_message`` / the nominal rates."""
+    gemm_tflops_by_dtype: tuple[tuple[str, float], ...] = ()
+    """Measured TFLOP/s of the job's own weight matmuls (forward and both backward shapes,
+    FLOPs-weighted), by compute dtype ("float32", "bfloat16", "float8"): when the compute
+    dtype has one, the gemm term runs at it instead of ``peak_tflops x gemm_efficiency``."""
+    host_op_s: float = 3.9e-6
+    """Host seconds to issue one eager op (Python, autograd, dispatcher, launch): measured on
+    a Sapphire Rapids core with torch 2.13 (docs/measurements.md, ``ttl-plan --calibrate``'s
+    host figures; tools/host_dispatch.py); the GPU presets take it with the launch included
+    (an assumption: a CUDA launch costs the host about what the CPU's tiny kernel does)."""
+    host_dtensor_op_s: float = 1.9e-5
+    """Host seconds one op of a tensor-parallel block adds going through DTensor (measured as
+    ``host_op_s``, the block's TP plan on a one-rank mesh)."""
+    host_compiled_share: float = 0.72
+    """Share of the eager dispatch a compiled block still costs the host (measured as
+    ``host_op_s``, the block compiled)."""
+    host_fsdp_unit_s: float = 9.0e-4
+    """Host seconds of FSDP's hooks per unit and microbatch, its calls of the (one-rank)
+    collectives included (measured as ``host_op_s``, the block under fully_shard on a one-rank
+    mesh)."""
+    host_overlaps_device: bool = True
+    """The device runs the ops the host queued (a GPU): host dispatch delays the step only
+    by what exceeds the device's own time. False for a CPU process, which dispatches on the
+    thread that computes."""
+    attention_tflops_by_seq: tuple[tuple[float, float], ...] = ()
+    """Measured (sequence length, TFLOP/s) of the attention kernels, forward and backward,
+    FLOPs counted as step_time.py counts them, in the job's compute dtype: when given, the
+    attention term runs at the rate interpolated at the job's sequence length (linear in log
+    length) instead of ``peak_tflops x attention_efficiency``."""
 
 
 # Peaks: vendor datasheets (dense, no sparsity). gemm_efficiency: the "Maximum Achievable
@@ -108,7 +141,7 @@ GPUS: dict[str, GPU] = {
 
 CPU = GPU("CPU", memory_gib=1024.0, peak_tflops=1.0, intra_node_gbps=1.0, inter_node_gbps=1.0,
           fused_rms_norm=False, fused_attention_any_v_dim=False, attention_fp32=True,
-          comm_overlaps_compute=False)
+          comm_overlaps_compute=False, host_overlaps_device=False)
 """This machine, for checking the memory model against measurement (scripts/
 validate_plan_memory.py) and, with the rates measured in the same run, the step-time model's
 structure (scripts/bench_planner_structure.py); its own rates are placeholders."""
@@ -133,11 +166,17 @@ class Precision:
     """Gathered weights and activations (training.mixed_precision_param)."""
     reduce_bytes: int = 4
     """Gradient reduce-scatter / all-reduce (training.mixed_precision_reduce)."""
-    optimizer_states: int = 2
-    """Tensors the optimizer keeps per parameter: Adam's exp_avg and exp_avg_sq."""
     state_bytes: int = 0
     """Bytes of one optimizer state element: 2 with bf16 moments (optimizer.state_dtype);
     0 = master_bytes (torch keeps Adam's states in the parameters' dtype)."""
+    fused_optimizer: bool = False
+    """The optimizer step is torch's fused kernel (one pass over parameters, gradients and
+    states: tools/planner/overheads.py), not the foreach one."""
+    step_temporary: bool = True
+    """The optimizer step allocates one master-dtype temporary per parameter: torch's foreach
+    Adam (``_foreach_sqrt`` of the second moments, optimizer.implementation "foreach", the
+    default). False for the fused kernel (no temporary), the one-tensor-at-a-time loop and the
+    chunked bf16-moments step (components/bf16_moments.py: bounded by a chunk)."""
 
     @property
     def optimizer_state_bytes(self) -> int:

@@ -10,8 +10,9 @@ import dataclasses
 from typing import Any
 
 from torchtitan_like.tools.planner.calibration import CALIBRATION, Calibration
-from torchtitan_like.tools.planner.communication import Comm, communication
+from torchtitan_like.tools.planner.communication import communication
 from torchtitan_like.tools.planner.inputs import Cluster, GiB, Layout, ModelShape, Workload
+from torchtitan_like.tools.planner.links import Comm
 from torchtitan_like.tools.planner.memory import Memory, stage_memory
 from torchtitan_like.tools.planner.rules import validate_layout
 from torchtitan_like.tools.planner.schedule import (

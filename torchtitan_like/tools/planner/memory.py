@@ -33,12 +33,19 @@ microbatch kept, the head's tensors), the backward of a block (its recomputed ac
 gradients, the weight gradients so far; under CP, ring attention's working set when it is the
 larger: every K/V chunk with the all-gather rotation, fp32 accumulators of the q/k/v
 gradients, the K/V gradients in flight, ring.py), and the optimizer step (a temporary per
-parameter in the foreach kernels).
+parameter in the foreach kernels, none with the fused one or the chunked bf16-moments step).
 
-Validation: scripts/validate_plan_memory.py measures every rank's peak with MemTracker for 20
+Each tensor is counted in the dtype the trainer holds it in: mixed_precision.py (autocast
+without FSDP: fp32 residual stream, a cast per matmul input, the weights' casts until their
+backward, none held for a checkpointed block; the composite RMSNorm's and the CPU attention's
+fp32 tensors).
+
+Validation: scripts/validate_plan_memory.py measures every rank's peak with MemTracker for 29
 layouts of the debug model on CPU (FSDP, HSDP, TP, CP, PP 1F1B/GPipe/interleaved, FSDP x TP,
-PP x TP, PP x FSDP; AC modes; bf16), each pipeline rank apart: all within 3.1%. Not measured:
-GPU allocator fragmentation (what ``headroom`` is for), float8, the V-shaped and zero-bubble
+PP x TP, PP x FSDP; AC modes; bf16 under autocast and under FSDP; bf16 moments), each pipeline
+rank apart: all within 3.1%. Not measured: GPU allocator fragmentation (what ``headroom`` is
+for), FSDP's float8 all-gather (torchao's Float8Linear otherwise keeps what a linear keeps:
+measured equal on CPU), the V-shaped and zero-bubble
 schedules (MemTracker cannot follow their ``autograd.grad`` backward); an explicit
 ``pipeline_parallel_module_fqns_per_stage``; pipelined FSDP over several schedule steps per
 optimizer step (modelled as one).
@@ -51,6 +58,12 @@ import dataclasses
 from torchtitan_like.tools.planner.activations import layer_elements
 from torchtitan_like.tools.planner.attention import kernel_bytes, math_attention, output_elements
 from torchtitan_like.tools.planner.inputs import GPU, Layout, ModelShape, Workload
+from torchtitan_like.tools.planner.mixed_precision import (
+    autocast,
+    block_input_extra_bytes,
+    layer_extra_bytes,
+    norm_bytes,
+)
 from torchtitan_like.tools.planner.moe import expert_split
 from torchtitan_like.tools.planner.optimizer import optimizer_state_bytes
 from torchtitan_like.tools.planner.ring import ring_working_bytes
@@ -97,6 +110,9 @@ class _Weights:
     unit_grads: float = 0.0
     unsharded_grads: bool = False
     """Gradients accumulate per gathered parameter (pipelined FSDP), not per shard."""
+    casts_recomputed_only: bool = False
+    """``gathered_layer`` exists only in the backward of a recomputed block (autocast's
+    weight casts), not of every block (FSDP's gathered unit)."""
 
 
 def stage_gathered(m: ModelShape, layout: Layout, layers: int, first: bool, last: bool
@@ -133,8 +149,6 @@ def _weights(m: ModelShape, work: Workload, layout: Layout, local: float, gather
             w.unsharded_grads = True
         else:
             w.unit_grads = unit * (cb + prec.reduce_bytes)
-    elif cb != prec.master_bytes:  # autocast keeps compute-dtype weight casts
-        w.gathered_always = local * cb
     return w
 
 
@@ -167,18 +181,20 @@ def _activations(m: ModelShape, gpu: GPU, work: Workload, layout: Layout) -> _Ac
     wide_output = (4 - cb) * output_elements(m, t) if gpu.attention_fp32 and cb < 4 else 0.0
     pipelined = layout.pp > 1
     vocab = m.vocab_size / t
-    norm = ((1 if fused else 2) * m.dim / t + m.dim) * cb
+    prec = work.precision
+    block_input = block_input_extra_bytes(m, prec, layout)  # m - c bytes under autocast
     return _Activations(
         full_layer=(layer_elements(m, "none", t, fused, math_attention=math) * cb
-                    + kernel) * tokens,
-        kept_ckpt=layer_elements(m, layout.ac, t, fused) * cb * tokens,
+                    + kernel + layer_extra_bytes(m, gpu, prec, layout)) * tokens,
+        kept_ckpt=(layer_elements(m, layout.ac, t, fused) * cb + block_input) * tokens,
         kept_op=(layer_elements(m, "op", t, fused, layout.op_sac_every_other_matmul) * cb
-                 + kernel + wide_output) * tokens,
+                 + kernel + wide_output + block_input) * tokens,
         working=max((2 * m.dim + m.ffn_hidden_dim) / t * cb * tokens,
                     ring_working_bytes(m, work, layout)),
-        head_kept=(norm + 4 * vocab + (cb * vocab if pipelined else 0)) * tokens,
+        head_kept=(norm_bytes(m, gpu, prec, layout, 1) + 4 * vocab
+                   + (cb * vocab if pipelined else 0)) * tokens,
         loss_grads=(12 if t > 1 and layout.loss_parallel else 8) * vocab * tokens,
-        edge=m.dim / t * cb * tokens if pipelined else 0.0,
+        edge=(m.dim / t * cb + block_input) * tokens if pipelined else 0.0,
     )
 
 
@@ -188,6 +204,7 @@ class _StageWalk:
     def __init__(self, m: ModelShape, gpu: GPU, work: Workload, layout: Layout, stage: int,
                  microbatches: int) -> None:
         self.m, self.layout, self.stage, self.microbatches = m, layout, stage, microbatches
+        self.step_temporary = work.precision.step_temporary
         split = stage_split(m.n_layers, layout)
         self.chunks = [(split[i], i == 0, i == len(split) - 1) for i in rank_stages(layout, stage)]
         t = layout.tp
@@ -196,6 +213,8 @@ class _StageWalk:
         matrices = sum(layers * m.block_params / t for layers, _, _ in self.chunks)
         self.w = _weights(m, work, layout, local, gathered,
                           any(last for _, _, last in self.chunks), matrices)
+        if autocast(layout, work.precision):
+            self._autocast_casts(work.precision.compute_bytes)
         self.a = a = _activations(m, gpu, work, layout)
         self.multi = len(self.chunks) > 1
         self.per_schedule = layout.pp_microbatches or microbatches
@@ -215,6 +234,21 @@ class _StageWalk:
             self.stored.append(stored)
             self.kept.append(sum(stored) + output - (0.0 if first else a.edge))
             self.grads.append(self._grad_params(layers, first, last) * self.w.grad_bytes)
+
+    def _autocast_casts(self, cb: int) -> None:
+        """Autocast's compute-dtype casts of the weights (mixed_precision.py): cached for the
+        forward and saved by their matmuls, so alive until each matmul's backward; the
+        embedding's lookup takes no cast (a tied head casts the shared weight). A
+        checkpointed block saves nothing in forward, so its casts go with the forward's
+        autocast cache and come back for its recomputation: one block's at a time."""
+        m, t, ac = self.m, self.layout.tp, self.layout.ac
+        blocks = sum(layers for layers, _, _ in self.chunks)
+        recomputed = blocks if ac == "op" else \
+            sum(sum(checkpointed(ac, layers)) for layers, _, _ in self.chunks)
+        head = m.vocab_size * m.dim if any(last for _, _, last in self.chunks) else 0.0
+        self.w.gathered_always = ((blocks - recomputed) * m.block_params + head) / t * cb
+        self.w.gathered_layer = m.block_params / t * cb if recomputed else 0.0
+        self.w.casts_recomputed_only = True
 
     def _grad_params(self, layers: int, first: bool, last: bool) -> float:
         """Parameters whose gradients this GPU holds for ``layers`` blocks (and the edges):
@@ -255,8 +289,9 @@ class _StageWalk:
             act = others + sum(self.stored[c][:k]) + a.working \
                 + (a.full_layer if recomputes else self.stored[c][k])
             partial = (layers - k) * self.block_grads + head
+            gathered = w.gathered_layer if recomputes or not w.casts_recomputed_only else 0.0
             moments.append(self._memory(
-                w.gathered_layer, other_grads + max(done, partial) + w.unit_grads, act,
+                gathered, other_grads + max(done, partial) + w.unit_grads, act,
                 f"backward of layer {k} of the stage" if not where else
                 f"backward of layer {k} of stage{where}"))
         return moments
@@ -285,8 +320,9 @@ class _StageWalk:
                 has_grads[c] = True
                 sent += edge if self.multi and not first else 0.0
         w = self.w
+        temporary = w.master if self.step_temporary else 0.0
         moments.append(Memory(parameters=w.master, gradients=w.master,
-                              optimizer=w.optimizer + w.master, activations=self.buffers,
+                              optimizer=w.optimizer + temporary, activations=self.buffers,
                               moment="optimizer step", stage=self.stage))
         return max(moments, key=lambda mem: mem.total)
 

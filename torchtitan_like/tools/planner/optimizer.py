@@ -10,22 +10,22 @@ thousandths of them, are counted with them), the embedding and head the rest:
 Adam: 2 x 4 bytes everywhere (2 x 2 with bf16 moments); Muon: one momentum per matrix element
 in the parameters' dtype, AdamW's two moments on the rest.
 
-Newton-Schulz (step_time.py, Muon). Each k-step iteration of an a x b matrix (a <= b, after
-torch's transpose) costs k (4 a^2 b + 2 a^3) FLOPs: X X^T, the Gram polynomial's product, and
-its product with X. Every matrix of the stage is iterated once per replica, by one owner among
-the dp_shard x cp x tp ranks that hold its shards (components/optim/newton_schulz.py; routed
-experts are split over the same ranks by EP and expert FSDP), so a GPU iterates 1/(dp_shard x cp
-x tp) of its stage's matrices, at the bf16 matmul rate (an fp32 iteration at 1/FP32_SLOWDOWN of
-it). Matrices sharded over those ranks travel to their owners and back in the iteration's dtype:
-an all-to-all on NCCL, each GPU sending (N - 1)/N of its shards of the stage's dense matrices
-each way (experts need no gather). Both are exposed: the step runs after backward, before the
-next forward.
+Newton-Schulz (Muon; the step-time's optimizer term, overheads.py adds it to the step). Each
+k-step iteration of an a x b matrix (a <= b, after torch's transpose) costs k (4 a^2 b + 2 a^3)
+FLOPs: X X^T, the Gram polynomial's product, and its product with X. Every matrix of the stage
+is iterated once per replica, by one owner among the dp_shard x cp x tp ranks that hold its
+shards (components/optim/newton_schulz.py; routed experts are split over the same ranks by EP
+and expert FSDP), so a GPU iterates 1/(dp_shard x cp x tp) of its stage's matrices, at the bf16
+matmul rate (an fp32 iteration at 1/FP32_SLOWDOWN of it). Matrices sharded over those ranks
+travel to their owners and back in the iteration's dtype: an all-to-all on NCCL, each GPU
+sending (N - 1)/N of its shards of the stage's dense matrices each way (experts need no gather).
+Both are exposed: the step runs after backward, before the next forward.
 """
 
 from __future__ import annotations
 
-from torchtitan_like.tools.planner.communication import link, ring_volume
 from torchtitan_like.tools.planner.inputs import Cluster, Layout, ModelShape, Workload
+from torchtitan_like.tools.planner.links import link, ring_volume
 from torchtitan_like.tools.planner.schedule import busiest_rank_layers
 
 FP32_SLOWDOWN = 15.0
@@ -80,5 +80,5 @@ def orthogonalization_seconds(m: ModelShape, cluster: Cluster, work: Workload,
         return compute
     dense = layers * (m.block_params - m.expert_block_params) / owners * f.newton_schulz_bytes
     sent = 2 * ring_volume(owners, dense)
-    _, gbps, latency = link(cluster, owners, sent / owners)
+    _, gbps, latency = link(cluster, owners, sent / owners, "all_to_all")
     return compute + sent / (gbps * 1e9) + 2 * (owners - 1) * latency

@@ -56,7 +56,7 @@ from torchtitan_like.tools.planner.inputs import Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.schedule import busiest_rank_layers, checkpointed
 
 if TYPE_CHECKING:
-    from torchtitan_like.tools.planner.communication import Comm
+    from torchtitan_like.tools.planner.links import Comm
 
 FLASH_BACKWARD_FLOPS = 2.5
 """A flash attention backward's FLOPs over its forward's: it recomputes QK^T and runs dV,

@@ -3,7 +3,9 @@
     (every compute part on the busiest pipeline rank: x its blocks / the average)
     gemm        weight matmuls: 6 FLOPs per weight per token (the model's flops_per_token
                 less attention), at ``gpu.gemm_efficiency`` of the bf16 peak (the measured
-                best large matmul, MAMF; inputs.py gives the source per GPU); with Float8
+                best large matmul, MAMF; inputs.py gives the source per GPU), thin shapes at
+                HBM pace (overheads.roofline_factor), or at a hardware profile's rate measured
+                at the job's shapes in its compute dtype; with Float8
                 the blocks' linears (not the output head) at the same share of the fp8 peak
                 (no sourced fp8 MAMF; a fitted share did not improve the held-out table)
     attention   QK^T and AV: a causal flash kernel computes half the score matrix, forward
@@ -28,12 +30,16 @@
                 the first unit's gather and the last unit's reduce-scatter are always exposed;
                 under PP the reductions run after the stage's last backward: all exposed,
                 pp times over with a runtime that reduces before sending (see
-                ``_exposed_data_parallel``)
+                ``_exposed_data_parallel``); plus FSDP's own copies (overheads.py)
     pp          point-to-point activation transfers (exposed)
-    optimizer   Muon's Newton-Schulz iterations and the trips of its matrices to their owner
-                ranks and back (optimizer.py); 0 for Adam
     grad_accumulation  pipelined FSDP's per-microbatch accumulation of the stage's unsharded
                 gradients in the reduce dtype, at HBM bandwidth (``gradient_accumulation``)
+    optimizer   gradient clipping and the optimizer step over the GPU's sharded parameters, at
+                HBM bandwidth, plus Muon's Newton-Schulz iterations and the trips of its
+                matrices to their owner ranks and back (overheads.py, optimizer.py; exposed:
+                nothing runs beside it)
+    host        the host's dispatch of every op beyond the device's own time (overheads.py:
+                measured per-op costs; on a CPU process all of it)
     bubble      (compute + grad_accumulation + tp + cp + ep) x b / (1 - b), b from
                 schedule.bubble_fraction
     ep          MoE all-to-all dispatch and combine (moe.py: its volume): on the critical
@@ -57,10 +63,15 @@ from torchtitan_like.tools.planner.activations import (
     routed_elements,
 )
 from torchtitan_like.tools.planner.calibration import CALIBRATION, Calibration
-from torchtitan_like.tools.planner.communication import Comm
-from torchtitan_like.tools.planner.inputs import Cluster, Layout, ModelShape, Workload
+from torchtitan_like.tools.planner.inputs import GPU, Cluster, Layout, ModelShape, Workload
+from torchtitan_like.tools.planner.links import Comm, rate_at
 from torchtitan_like.tools.planner.moe import routed_forward_share
-from torchtitan_like.tools.planner.optimizer import orthogonalization_seconds
+from torchtitan_like.tools.planner.overheads import (
+    fsdp_copy_seconds,
+    host_seconds,
+    optimizer_seconds,
+    roofline_factor,
+)
 from torchtitan_like.tools.planner.ring import FLASH_BACKWARD_FLOPS, attention_factor, ring_time
 from torchtitan_like.tools.planner.schedule import (
     bubble_fraction,
@@ -93,7 +104,9 @@ class StepTime:
     ep: float = 0.0
     grad_accumulation: float = 0.0
     optimizer: float = 0.0
-    """Muon's Newton-Schulz iteration and its matrices' trips to their owners (optimizer.py)."""
+    """Gradient clipping, the optimizer step and Muon's Newton-Schulz (overheads.py)."""
+    host: float = 0.0
+    """The host's dispatch beyond the device's time (overheads.py)."""
 
     @property
     def compute(self) -> float:
@@ -122,22 +135,43 @@ def _elementwise_elements(m: ModelShape, tp: int, fused_norm: bool) -> float:
     return layer_elements(m, "none", tp, fused_norm) - gathered - routed_elements(m, tp)
 
 
-def _gemm_time(m: ModelShape, cluster: Cluster, layout: Layout, tokens: float
-               ) -> tuple[float, float]:
+def _gemm_time(m: ModelShape, cluster: Cluster, layout: Layout, work: Workload,
+               tokens: float) -> tuple[float, float]:
     """(all weight matmuls, the output head's) seconds for ``tokens`` tokens on one GPU."""
     gpu = cluster.gpu
     gemm_flops = tokens * m.flops_per_token(0)
     head_flops = tokens * 6 * m.vocab_size * m.dim  # the output projection (stays bf16)
-    bf16 = gpu.peak_tflops * 1e12 * gpu.gemm_efficiency
-    if layout.float8 and gpu.fp8_tflops:  # (without fp8 tensor cores: emulated, bf16 rate)
-        fp8 = gpu.fp8_tflops * 1e12 * gpu.gemm_efficiency
-        return head_flops / bf16 + (gemm_flops - head_flops) / fp8, head_flops / bf16
-    return gemm_flops / bf16, head_flops / bf16
+    rate = gemm_rate(gpu, DTYPE_NAMES.get(work.precision.compute_bytes, "bfloat16"))
+    shapes = roofline_factor(m, gpu, layout, work, rate)  # thin matmuls at HBM pace
+    measured = dict(gpu.gemm_tflops_by_dtype)
+    if layout.float8 and (gpu.fp8_tflops or "float8" in measured):  # (else emulated: bf16)
+        fp8 = gemm_rate(gpu, "float8")
+        return shapes * (head_flops / rate + (gemm_flops - head_flops) / fp8), \
+            shapes * head_flops / rate
+    return shapes * gemm_flops / rate, shapes * head_flops / rate
 
 
-def attention_rate(cluster: Cluster) -> float:
-    """FLOP/s of the attention kernels."""
-    return cluster.gpu.peak_tflops * 1e12 * cluster.gpu.attention_efficiency
+DTYPE_NAMES = {4: "float32", 2: "bfloat16"}
+"""A compute dtype's name by its bytes, as ``GPU.gemm_tflops_by_dtype`` keys it."""
+
+
+def gemm_rate(gpu: GPU, dtype: str) -> float:
+    """FLOP/s of the weight matmuls in ``dtype``: measured at the job's shapes
+    (``GPU.gemm_tflops_by_dtype``, a hardware profile) or the preset's share of its peak (the
+    bf16 peak for any dtype but float8, the GPU's fp8 peak for float8)."""
+    measured = dict(gpu.gemm_tflops_by_dtype)
+    if dtype in measured:
+        return measured[dtype] * 1e12
+    peak = gpu.fp8_tflops if dtype == "float8" and gpu.fp8_tflops else gpu.peak_tflops
+    return peak * 1e12 * gpu.gemm_efficiency
+
+
+def attention_rate(cluster: Cluster, seq_len: int) -> float:
+    """FLOP/s of the attention kernels on ``seq_len`` tokens: measured at lengths around it
+    (``GPU.attention_tflops_by_seq``, a hardware profile) or the preset's share of its peak."""
+    gpu = cluster.gpu
+    return rate_at(gpu.attention_tflops_by_seq, seq_len) * 1e12 \
+        or gpu.peak_tflops * 1e12 * gpu.attention_efficiency
 
 
 def compute_times(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout,
@@ -148,10 +182,11 @@ def compute_times(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
     local_tokens = work.global_batch * work.seq_len / layout.dp / layout.cp
     tokens = local_tokens / (layout.tp * layout.pp)  # FLOPs split over TP and PP too
     imbalance = busiest_rank_layers(m, layout) * layout.pp / m.n_layers  # the slowest stage
-    gemm, head = _gemm_time(m, cluster, layout, tokens)
+    gemm, head = _gemm_time(m, cluster, layout, work, tokens)
     gemm *= imbalance
     forward = tokens * m.attention_flops_per_token(work.seq_len) / 6  # causal, one forward
-    attention = forward * ATTENTION_PASS_FLOPS / attention_rate(cluster) * imbalance \
+    kernel_rate = attention_rate(cluster, work.seq_len // layout.cp)  # a CP rank's chunk
+    attention = forward * ATTENTION_PASS_FLOPS / kernel_rate * imbalance \
         * attention_factor(layout, calibration.ring_efficiency)
     passes = calibration.compiled_passes if layout.compile else calibration.eager_passes
     crossings = (_elementwise_elements(m, layout.tp, gpu.fused_rms_norm) * passes
@@ -235,7 +270,8 @@ def estimate_step_time(m: ModelShape, cluster: Cluster, work: Workload, layout: 
     compute = gemm + attention + memory_bound + recompute
     seconds = {c.dim: c.seconds for c in comms}
     tp = seconds.get("tp", 0.0)  # async TP: no share hidden (ASYNC_TP)
-    ring = ring_time(m, work, layout, microbatches, attention_rate(cluster),
+    ring = ring_time(m, work, layout, microbatches,
+                     attention_rate(cluster, work.seq_len // layout.cp),
                      calibration.ring_efficiency, next((c for c in comms if c.dim == "cp"), None),
                      cluster.gpu.hbm_tbps)
     cp = ring.total
@@ -243,12 +279,16 @@ def estimate_step_time(m: ModelShape, cluster: Cluster, work: Workload, layout: 
     if layout.ep_overlapped:  # another microbatch's compute runs during the all-to-all
         ep = max(0.0, ep - compute)
     fsdp = _exposed_data_parallel(m, work, layout, seconds, compute, microbatches,
-                                  cluster.gpu.comm_overlaps_compute)
+                                  cluster.gpu.comm_overlaps_compute) \
+        + fsdp_copy_seconds(m, cluster, work, layout, microbatches)
     accumulation = gradient_accumulation(m, cluster, work, layout, microbatches)
     b = bubble_fraction(layout.pp, microbatches, layout.modelled_schedule,
                         layout.stages_per_rank)
     bubble = (compute + accumulation + tp + cp + ep) * b / (1 - b)  # exposed ep only
-    return StepTime(gemm=gemm, attention=attention, memory_bound=memory_bound,
+    step = StepTime(gemm=gemm, attention=attention, memory_bound=memory_bound,
                     recompute=recompute, tp=tp, cp=cp, fsdp=fsdp, pp=seconds.get("pp", 0.0),
                     bubble=bubble, ep=ep, grad_accumulation=accumulation,
-                    optimizer=orthogonalization_seconds(m, cluster, work, layout))
+                    optimizer=optimizer_seconds(m, cluster, work, layout))
+    host = host_seconds(m, cluster.gpu, layout, microbatches)
+    step.host = max(0.0, host - step.total) if cluster.gpu.host_overlaps_device else host
+    return step

@@ -16,10 +16,11 @@ seconds, too long for every ttl-plan call.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torchtitan_like.tools.planner.heldout_record import HELD_OUT
 from torchtitan_like.tools.planner.published import PUBLISHED_RUNS, PublishedRun
+from torchtitan_like.tools.planner.step_time import ASYNC_TP
 
 if TYPE_CHECKING:
     from torchtitan_like.tools.planner.inputs import Layout
@@ -48,7 +49,9 @@ TERMS = {
     "bubble": "pipeline bubble",
     "ep": "MoE all-to-all",
     "grad_accumulation": "pipelined FSDP's gradient accumulation",
-    "optimizer": "Muon's Newton-Schulz iterations and owner gathers (not fitted)",
+    "optimizer": ("gradient clipping and the optimizer step at HBM bandwidth, Muon's "
+                  "Newton-Schulz iterations and owner gathers (not fitted)"),
+    "host": "the host's dispatch beyond the device's time (measured per-op costs)",
 }
 
 
@@ -164,3 +167,31 @@ def least_certain(plan: Plan) -> Term:
             best = term
     assert best is not None
     return best
+
+
+def with_uncertainty(result: Plan) -> dict[str, Any]:
+    """The plan's JSON with its expected error band and least certain term."""
+    band, term = expected_band(result.layout), least_certain(result)
+    low, high = band.actual(result.tokens_per_second_per_gpu)
+    return {**result.to_dict(),
+            "expected_error": {"held_out_ratio_low": band.low, "held_out_ratio_high": band.high,
+                               "published_runs": band.runs, "basis": band.basis,
+                               "tokens_per_second_per_gpu": [low, high]},
+            "least_certain_term": {"name": term.name, "seconds": term.seconds,
+                                   "share": term.share, "error": term.error, "why": term.why}}
+
+
+def uncertainty_lines(result: Plan) -> list[str]:
+    """ttl-plan's lines on how far to trust ``result``: the band and the least certain term."""
+    band, term = expected_band(result.layout), least_certain(result)
+    low, high = band.actual(result.tokens_per_second_per_gpu)
+    mfu_low, mfu_high = band.actual(result.mfu_estimate)
+    return [
+        f"Expected error: {low:,.0f}-{high:,.0f} tokens/s per GPU, MFU {mfu_low:.1%}-"
+        f"{mfu_high:.1%}: the planner's held-out predictions of {band.runs} published runs"
+        f"{' ' + band.basis if band.basis else ''} were {band.low - 1:+.0%} to "
+        f"{band.high - 1:+.0%} of the published figures (docs/planner-throughput.md)",
+        f"Least certain term: {term.name} ({term.seconds:.3f} s, {term.share:.0%} of the "
+        f"step): {term.why}",
+        *([f"Note: {ASYNC_TP}"] if result.layout.async_tp else []),
+    ]

@@ -1,0 +1,114 @@
+"""A hardware profile (tools/planner/hardware.py): its format round-trips into the GPU the
+planner runs on, a bad file is refused in one line, and every term that has a measured rate
+uses it: the gemm term at the compute dtype's measured matmul rate, the attention term at the
+rate measured nearest the job's sequence length, each collective at its own kind's curve
+(``ttl-plan --hardware``, ``ttl-ablate --hardware``). The measuring itself runs in
+tests/parallel/test_plan_calibrate_verify.py."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from torchtitan_like.models.llama3.args import llama3_flavors
+from torchtitan_like.tools import plan_cli
+from torchtitan_like.tools.ablate import load_sweep
+from torchtitan_like.tools.planner import (
+    CPU,
+    Cluster,
+    Layout,
+    ModelShape,
+    Precision,
+    Workload,
+    communication,
+    plan,
+)
+from torchtitan_like.tools.planner.hardware import (
+    FORMAT,
+    gpu_from_dict,
+    gpu_to_dict,
+    load_profile,
+    write_profile,
+)
+from torchtitan_like.tools.planner.inputs import LayoutError
+from torchtitan_like.tools.planner.links import rate_at
+
+ROOT = Path(__file__).resolve().parents[2]
+CURVE = ((2.0**16, 0.5), (2.0**24, 1.0))
+MEASURED = dataclasses.replace(
+    CPU, name="measured CPU", peak_tflops=2.0, hbm_tbps=0.05,
+    gemm_tflops_by_dtype=(("float32", 0.2), ("bfloat16", 1.0)),
+    attention_tflops_by_seq=((512.0, 0.05), (1024.0, 0.1)),
+    collective_gbps=(("all_gather/intra", CURVE),
+                     ("reduce_scatter/intra", tuple((b, r / 2) for b, r in CURVE))))
+
+
+def _profile(tmp_path: Path, gpu=MEASURED) -> Path:
+    path = tmp_path / "profile.json"
+    write_profile(path, {"date": "2026-12-04T12:00:00+00:00", "host": {"torch": "2.13.0"},
+                         "processes": {"world_size": 2, "per_node": 2, "nodes": 1},
+                         "gpu": gpu_to_dict(gpu)})
+    return path
+
+
+def test_a_profile_round_trips_into_the_same_gpu(tmp_path):
+    profile = load_profile(_profile(tmp_path))
+    assert profile.gpu == MEASURED and profile.gpus_per_node == 2
+    assert json.loads((tmp_path / "profile.json").read_text())["format"] == FORMAT
+    assert "measured 2026-12-04 (torch 2.13.0)" in profile.describe()
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d.update(format="x"), "not a ttl-hardware-profile/1 file"),
+    (lambda d: d["gpu"].update(speed=1), "unknown gpu field(s) speed"),
+    (lambda d: d["gpu"].update(attention_tflops_by_seq=[[2, 1], [1, 1]]), "must ascend"),
+    (lambda d: d.pop("host"), "no 'host'"),
+])
+def test_a_bad_profile_is_refused_in_one_line(tmp_path, capsys, edit, message):
+    path = _profile(tmp_path)
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+    with pytest.raises(LayoutError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_profile(path)
+    assert plan_cli.main(["--flavor", "debugmodel", "--hardware", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("plan error: hardware profile") and err.count("\n") == 1
+
+
+def test_measured_rates_replace_the_presets():
+    m = ModelShape.from_args(llama3_flavors["debugmodel"])
+    work = Workload(seq_len=1024, global_batch=2, precision=Precision(compute_bytes=4))
+    layout = Layout(dp_shard=2, local_batch_size=1)
+    step = plan(m, Cluster(MEASURED, gpus_per_node=2), work, layout).step
+    tokens = 1024  # per GPU
+    assert step.gemm == pytest.approx(tokens * m.flops_per_token(0) / 0.2e12)  # fp32's rate
+    forward = tokens * m.attention_flops_per_token(1024) / 6
+    assert step.attention == pytest.approx(forward * 3.5 / 0.1e12)
+    bf16 = dataclasses.replace(work, precision=Precision(compute_bytes=2))
+    assert plan(m, Cluster(MEASURED, gpus_per_node=2), bf16, layout).step.gemm == \
+        pytest.approx(step.gemm / 5)
+    (fsdp,) = communication(m, Cluster(MEASURED, gpus_per_node=2), work, layout, 1)
+    # reshard: two gathers of every parameter and one reduction, each at its own curve's
+    # rate for its message (a unit's shard), the seconds summed
+    params = m.num_params  # every unit: the blocks, the embedding, the head
+    gather, reduce = 2 * params * 4 / 2, params * 4 / 2
+    seconds = fsdp.bytes_per_step / fsdp.bandwidth_gbps / 1e9
+    assert fsdp.bytes_per_step == pytest.approx(gather + reduce)
+    block_shard = m.block_params * 4 / 2
+    assert seconds == pytest.approx(gather / (rate_at(CURVE, block_shard) * 1e9)
+                                    + reduce / (rate_at(CURVE, block_shard) / 2 * 1e9), rel=0.02)
+
+
+def test_ttl_plan_and_ttl_ablate_plan_with_the_profile(tmp_path, capsys):
+    path = _profile(tmp_path)
+    assert plan_cli.main(["--config", "train_configs/debug_model.toml", "--hardware", str(path),
+                          "--history", str(tmp_path / "none.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert "x measured CPU (1 node(s) of 2: one node" in out and "profile " + str(path) in out
+    sweep = dataclasses.replace(load_sweep(ROOT / "train_configs/ablations/one_dim_at_a_time.toml"),
+                                hardware=path)
+    memory, speed = sweep.planned(sweep.variants[0])
+    assert memory > 0 and speed > 0
+    assert gpu_from_dict(gpu_to_dict(MEASURED)) == MEASURED
