@@ -29,9 +29,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from torchtitan_like.config.custom_sections import register_config_section
-from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.config.errors import unknown_registered
 from torchtitan_like.config.job_config import JobConfig
-from torchtitan_like.config.manager import did_you_mean
 
 if TYPE_CHECKING:
     import torch
@@ -120,11 +119,7 @@ def registered_optimizers() -> list[OptimizerSpec]:
 
 def get_optimizer_spec(name: str) -> OptimizerSpec:
     if name not in _REGISTRY:
-        raise ConfigError(
-            f"[optimizer] name: unknown optimizer {name!r}; registered: "
-            f"{', '.join(_REGISTRY)}" + did_you_mean(name, _REGISTRY)
-            + " (an optimizer of your own is registered by a module named in [job] "
-            "custom_import)")
+        raise unknown_registered("[optimizer] name", "optimizer", name, list(_REGISTRY))
     return _REGISTRY[name]
 
 
