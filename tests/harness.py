@@ -75,6 +75,30 @@ on AMD EPYC (AVX-512) and Intel Xeon (AMX; default and avx2 kernels); a real err
 reduction, a wrong normalisation, a misplaced shard) moves the loss by >= 1e-3, 100x more.
 """
 
+MUON_PARITY_TOL = 6e-5
+"""Per-step loss bound for 10 steps of Muon, its Newton-Schulz iteration in fp32 (``[muon]
+ns_dtype = "float32"``), under a layout against one process (class b, plus what the
+iteration does with it).
+
+What differs is what differs under AdamW: the gradients' sums, reordered (relative d ~
+sqrt(256) eps = 1.9e-6 per element, GRAD_NORM_RTOL). The owner rank iterates each whole matrix
+with one process's kernels (components/optim/newton_schulz.py), so the iteration adds no
+difference of its own, but it spreads d over the whole update and amplifies it by at most its
+largest slope, a^5 = 3.4445^5 = 485 (singular values near 0; tests/unit/test_muon.py measures 26
+on the tiny Llama's gradients). A matrix's update has Frobenius norm 0.2 lr sqrt(mn)
+(match_rms_adamw), so after t steps the weights differ by at most |dW| <= t 485 d 0.2 lr
+sqrt(N_m) (N_m the matrices' elements, lr <= 3e-3). The loss answers through <grad L, dW>, and dW
+is the iteration's linear image of rounding noise, unaligned with the gradient: |grad L| |dW| /
+sqrt(N) per standard deviation (N >= N_m parameters); at 4 of them, with |grad L| <= 1.6 (logged
+on both test models), <= t x 4 x 1.6 x 485 x 1.9e-6 x 0.2 x 3e-3 = t x 3.5e-6. Beside it the
+reordered sums of the forward and backward, FP32_PARITY_TOL's 2 ulps (1e-6) per step: at step
+10, 2e-5 + 3.5e-5 = 5.5e-5, so 6e-5. Measured: <= 9.5e-7 (FSDP 2, TP 2, PP 2, HSDP 2 x 2,
+FSDP 2 x TP 2, EP 2), as AdamW. A real error is far larger: orthogonalizing each rank's own
+shard instead of the whole matrix (the per-block approximation) moves the loss by 2.1e-3 at step
+2 and 5.6e-2 by step 10 (FSDP 2 and TP 2 alike); owners that received half-gathered matrices
+(FSDP's strided shards under FSDP 2 x TP 2 taken for whole) by 1.1e-3 and 3.0e-2.
+"""
+
 GRAD_NORM_RTOL = 1e-5
 """Relative bound on the reported gradient norm (class b). Each gradient element sums the
 batch's 256 tokens, reordered: ~sqrt(256) eps = 16 eps = 1.9e-6 relative; the norm inherits

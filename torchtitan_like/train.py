@@ -185,7 +185,7 @@ class Trainer:
 
     def _build_optimizers(self, config: JobConfig, spec: ModelSpec) -> None:
         # 8. Optimizer and LR schedule.
-        self.optimizers = OptimizersContainer(self.model_parts, config.optimizer)
+        self.optimizers = OptimizersContainer(self.model_parts, config)
         self.lr_schedulers = LRSchedulersContainer(self.optimizers, config.lr_scheduler,
                                                    config.training.steps)
         self.converters.register_optimizer_hooks(self.optimizers, self.model_parts)

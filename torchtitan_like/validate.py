@@ -26,6 +26,7 @@ from torchtitan_like.components.data.tokenized import validate_data_options
 from torchtitan_like.components.data.tokenizer import build_tokenizer
 from torchtitan_like.components.fault_injection import validate_faults
 from torchtitan_like.components.hf_export import validate_hf_export
+from torchtitan_like.components.optim.registry import validate_optimizer
 from torchtitan_like.components.output_paths import check_output_paths
 from torchtitan_like.components.trackers import validate_trackers
 from torchtitan_like.config.custom_sections import validate_custom_sections
@@ -84,6 +85,7 @@ def validate(config: JobConfig, world_size: int) -> None:
     versions.check_versions(config, device_type())
     float8.validate(config.float8, float8_enabled(config), device_type())
     optimizer.validate(config.optimizer, config.training.dtype, device_type())
+    validate_optimizer(config, device_type())
     profiling.validate(config.profiling, device_type())
     fault_tolerance.validate(config, device_type())
     parallel_dims = ParallelDims.from_config(config, world_size)

@@ -21,6 +21,11 @@ training and validation loss and the logged MTP term alike. A PP=2 job resumes t
 one-process step-1 checkpoint (the tied weight stored once, the last stage's copy loading it
 and its Adam state under the embedding's name) and continues with the reference's losses. The
 PP=2 case runs a Trainer subclass named by ``[job] trainer`` (tests/plugins/custom_trainer.py).
+
+A research optimizer the same way: examples/custom_optimizer/lion.py (docs/extending.md's
+recipe), copied outside the checkout and named in ``[job] custom_import``, trains the tiny
+Llama with ``[optimizer] name = "Lion"`` and its own ``[lion]`` section under FSDP=2 against one
+process (LION_TOL).
 """
 
 import json
@@ -33,6 +38,7 @@ from layouts import TP2, WHOLE
 from torch.distributed.checkpoint import FileSystemReader
 
 from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.config.manager import tomllib
 from torchtitan_like.distributed.parallel_dims import ParallelDims
 from torchtitan_like.tools.ablate_report import model_metric_names
 from torchtitan_like.validate import parse_args
@@ -43,6 +49,16 @@ VALIDATE = ["--validation.enable=true", "--validation.freq=5", "--validation.ste
 SAVE = ["--checkpoint.enable=true", "--checkpoint.interval=1"]
 COUNTING = f"--job.trainer={ROOT / 'tests/plugins/custom_trainer.py'}:CountingTrainer"
 MTP_CASES = ["mtp_pp2", "mtp_fsdp2", "mtp_tp2"]
+LION_TOL = 1e-4
+"""Lion (lr 3e-4) under FSDP 2 against one process, 5 steps. Its update is sign(c), c = b1 m +
+(1 - b1) g, element by element: where the layouts' gradients differ by their reordered sums
+(relative d = 1.9e-6, tests/harness.py) the update is the same, unless c lies within d |c| of 0
+and its sign flips: probability ~2 d x 0.4 per element (c's density at 0, ~0.4 / its scale),
+1.4 of the tiny Llama's 0.92M parameters per step, at most 20 in 5 steps (Poisson with mean 7:
+P(> 20) < 1e-4). A flip moves one weight by 2 lr = 6e-4, and the loss by its gradient times
+that: 4 standard deviations of an element's gradient, 4 |g| / sqrt(N) = 4 x 1.6 / 958, give
+4.0e-6 per flip, 8e-5 for 20 flips of one sign. Beside it FP32_PARITY_TOL's reordered sums:
+1e-5. Measured 1.4e-6."""
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +71,19 @@ def fork(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def runs(fork, corpus, tmp_path_factory):
+def lion(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("my_optimizer")
+    shutil.copy(ROOT / "examples/custom_optimizer/lion.py", folder / "my_lion.py")
+    return ["--job.custom_import", str(folder / "my_lion.py"), "--optimizer.name=Lion",
+            "--lion.lr=3e-4"]
+
+
+@pytest.fixture(scope="module")
+def runs(fork, lion, corpus, tmp_path_factory):
     root = tmp_path_factory.mktemp("fork")
     mtp = [*fork, *MTP, *VALIDATE]
-    results = launch(1, {"reference": [*fork, "--training.local_batch_size=4"],
+    results = launch(1, {"lion_reference": [*lion, "--training.local_batch_size=4"],
+                         "reference": [*fork, "--training.local_batch_size=4"],
                          "no_z_loss": [*fork, "--training.local_batch_size=4",
                                        "--model.overrides.z_loss_coef=0"],
                          "mtp_reference": [*mtp, "--training.local_batch_size=4", *SAVE]},
@@ -74,6 +99,7 @@ def runs(fork, corpus, tmp_path_factory):
         "mtp_fsdp2": mtp,
         "mtp_tp2": [*mtp, *TP2, *WHOLE],
         "mtp_pp2_from_one": [*fork, *MTP, *PP2, *SAVE],
+        "lion_fsdp2": lion,
     }, root / "2", corpus))
     return results, root
 
@@ -130,6 +156,15 @@ def test_a_checkpoint_with_the_tied_weight_resumes_under_pp(runs):
     assert not any("mtp.0.embed" in key for key in keys)
     assert [r["step"] for r in runs["mtp_pp2_from_one"] if "loss" in r] == [2, 3, 4, 5]
     assert_close(losses(runs["mtp_pp2_from_one"]), losses(runs["mtp_reference"])[1:], TOL)
+
+
+def test_an_optimizer_registered_outside_the_package_trains_under_fsdp(runs):
+    runs, root = runs
+    ours, one = losses(runs["lion_fsdp2"]), losses(runs["lion_reference"])
+    assert ours[-1] < ours[0] - 0.3  # it trains
+    assert_close(ours, one, LION_TOL)
+    config = tomllib.loads((root / "2/lion_fsdp2/config.toml").read_text())
+    assert config["optimizer"]["name"] == "Lion" and config["lion"]["lr"] == 3e-4
 
 
 def test_a_trainer_named_in_the_config_runs(runs):

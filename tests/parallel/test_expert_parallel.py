@@ -75,6 +75,11 @@ decision flips, which the loss tolerance would catch first.
 The validation loss after the last step, under EP 2 at local batch 2 and FSDP 4 x EP 2 at local
 batch 1, against the one process at local batch 4: the same held-out sequences (``[validation]
 steps`` counts global batches), routed by the same weights; class (b), FP32_PARITY_TOL.
+
+Muon (``ep2_muon``, 10 steps, its Newton-Schulz iteration in fp32): each rank orthogonalizes
+the 4 experts it holds, a batch of whole matrices, with no gather over the expert dim, the
+dense matrices by their FSDP owners; against one process within MUON_PARITY_TOL (derived in
+tests/harness.py), the bias trajectory exactly.
 """
 
 import json
@@ -83,7 +88,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from harness import FP32_PARITY_TOL, assert_close, assert_float8_drift, launch, losses
+from harness import (
+    FP32_PARITY_TOL,
+    MUON_PARITY_TOL,
+    assert_close,
+    assert_float8_drift,
+    launch,
+    losses,
+)
 from layouts import CP2, ETP2, HSDP, PP2, TP2
 
 TOL = 1e-5
@@ -95,6 +107,8 @@ MOE = ["--model.name", "deepseek_v3", "--model.flavor", "debugmodel", "--trainin
 TP2_ETP2 = [*TP2,
             *ETP2, "--training.local_batch_size", "4"]
 STEPS = 3
+MUON = ["--optimizer.name", "Muon", "--muon.ns_dtype", "float32", "--training.steps", "10"]
+MUON_TOL = MUON_PARITY_TOL  # 10 steps of Muon, fp32 iteration: derivation in tests/harness.py
 
 
 def ep(degree: int, *more: str) -> list[str]:
@@ -102,6 +116,7 @@ def ep(degree: int, *more: str) -> list[str]:
 
 
 LOCAL1 = ["--training.local_batch_size", "1"]
+MUON_TWO = {"ep2_muon": ep(2, *MUON)}  # experts: 4 whole matrices per rank, no gather
 VALIDATE = ["--validation.enable", "true", "--validation.freq", "3", "--validation.steps", "2"]
 VALIDATED = ["ep2", "fsdp4_ep2"]
 SAVE = ["--checkpoint.enable", "true", "--checkpoint.interval", "1"]
@@ -204,20 +219,21 @@ def runs(corpus, tmp_path_factory):
                      "reference_mtp": [*MOE, "--training.local_batch_size", "4", *MTP],
                      "reference_mtp0": [*MOE, "--training.local_batch_size", "4", *MTP,
                                         "--model.overrides.mtp_loss_weight", "0"],
-                     "compile": [*MOE, "--training.local_batch_size", "4", *compiled]},
+                     "compile": [*MOE, "--training.local_batch_size", "4", *compiled],
+                     "reference_muon": [*MOE, "--training.local_batch_size", "4", *MUON]},
                  root / "one", corpus, worker=WORKER)
     copy_checkpoint(root / "one" / "reference", root / "two" / "ep2_from_one")
     two = launch(2, {**TWO, "tp2_ep2_etp1_compile": [*TWO["tp2_ep2_etp1"], *compiled],
                      "tp2_etp2_compile": [*MOE, *TP2_ETP2, *compiled], **MXFP8_TWO,
-                     "ep2_blockwise": ep(2, *BLOCKWISE), **MTP_TWO},
+                     "ep2_blockwise": ep(2, *BLOCKWISE), **MTP_TWO, **MUON_TWO},
                  root / "two", corpus, worker=WORKER)
     four = launch(4, {**FOUR, **MTP_FOUR}, root / "four", corpus, worker=WORKER)
     copy_checkpoint(root / "two" / "ep2", root / "one" / "one_from_ep2")
     back = launch(1, {"one_from_ep2": [*MOE, *SAVE]}, root / "one", corpus, worker=WORKER)
     biases = {name: read_biases(root / folder / name)
               for folder, cases in (("one", ["reference", "reference_aux", "compile",
-                                             "reference_mxfp8"]),
-                                    ("two", [*TWO, *COMPILED_TWO, *MXFP8_TWO]),
+                                             "reference_mxfp8", "reference_muon"]),
+                                    ("two", [*TWO, *COMPILED_TWO, *MXFP8_TWO, *MUON_TWO]),
                                     ("four", FOUR))
               for name in cases if name not in RESUMED}
     return {**one, **two, **four, **back}, biases
@@ -408,3 +424,12 @@ def test_mtp_matches_one_process(runs, case):
         one = [r[key] for r in records["reference_mtp"] if "loss" in r]
         assert len(ours) == STEPS
         assert_close(ours, one, TOL)
+
+
+def test_muon_under_ep_matches_one_process(runs):
+    records, biases = runs
+    ours, one = losses(records["ep2_muon"]), losses(records["reference_muon"])
+    assert len(ours) == 10
+    assert_close(ours, one, MUON_TOL)
+    assert biases["ep2_muon"] == biases["reference_muon"]
+    assert abs(ours[2] - losses(records["reference"])[2]) > 1e-3  # Muon, not AdamW, ran

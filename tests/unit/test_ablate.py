@@ -45,6 +45,23 @@ def test_moe_sweep_variants_are_valid_configs():
         routing.values())
 
 
+def test_optimizer_sweep_variants_are_valid_and_planned_muon_keeps_fewer_states():
+    """AdamW vs Muon (train_configs/ablations/optimizers.toml): every variant validates for its
+    world size, and the planner gives Muon less memory (one momentum per matrix element
+    instead of two moments) on both models."""
+    sweep = load_sweep(SHIPPED.parent / "optimizers.toml")
+    planned = {}
+    for variant in sweep.variants:
+        argv = ["--job.config_file", str(sweep.base_config), *sweep.overrides,
+                *variant.overrides]
+        config = parse_args(argv, sweep.nproc_of(variant))
+        planned[(config.model.name, config.optimizer.name,
+                 config.parallelism.expert_parallel_degree)] = sweep.planned(variant)[0]
+    assert {name for name, _, _ in planned} == {"llama3", "deepseek_v3"}
+    for model in ("llama3", "deepseek_v3"):
+        assert planned[(model, "Muon", 1)] < planned[(model, "AdamW", 1)]
+
+
 def test_planned_memory_is_none_when_the_config_cannot_run():
     sweep = load_sweep(SHIPPED)
     impossible = Variant("x", ("--parallelism.data_parallel_replicate_degree=3",))

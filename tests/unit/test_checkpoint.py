@@ -189,6 +189,18 @@ def test_another_model_is_refused_with_the_difference(job):
         build("--model.flavor", "debugmodel")
 
 
+def test_another_optimizer_needs_the_optimizer_excluded(job):
+    """An AdamW checkpoint resumed by a Muon job: its states are another optimizer's; without
+    them the job resumes with fresh Muon states."""
+    _, build = job
+    with pytest.raises(CheckpointError, match=r"saved with \[optimizer\] name = 'AdamW', this "
+                       r"job uses 'Muon'; .*exclude_from_loading=optimizer\) does not fit this "
+                       r"job: \d+ missing, e\.g\. optimizer\.state\..*momentum_buffer"):
+        build("--optimizer.name", "Muon")
+    trainer = build("--optimizer.name", "Muon", "--checkpoint.exclude_from_loading", "optimizer")
+    assert trainer.step == 4 and not trainer.optimizers.optimizers[0].state
+
+
 def test_other_data_needs_the_dataloader_excluded(job, corpus, tmp_path):
     _, build = job
     other = tmp_path / "other.jsonl"

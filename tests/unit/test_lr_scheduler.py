@@ -6,7 +6,7 @@ import torch
 
 from torchtitan_like.components.lr_scheduler import LRSchedulersContainer, lr_factor
 from torchtitan_like.components.optimizer import OptimizersContainer
-from torchtitan_like.config.job_config import LRScheduler, Optimizer
+from torchtitan_like.config.job_config import JobConfig, LRScheduler, Optimizer
 
 
 def factors(steps=10, **kw):
@@ -41,7 +41,7 @@ def test_default_decays_over_everything_after_warmup():
 
 def test_container_drives_every_optimizer():
     parts = [torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)]
-    optimizers = OptimizersContainer(parts, Optimizer(lr=1.0))
+    optimizers = OptimizersContainer(parts, JobConfig(optimizer=Optimizer(lr=1.0)))
     schedulers = LRSchedulersContainer(optimizers, LRScheduler(warmup_steps=3), steps=10)
     assert schedulers.last_lr == pytest.approx(0.25)
     optimizers.step()

@@ -267,6 +267,31 @@ def test_bf16_moments_count_2_plus_2_bytes_per_parameter():
     assert memories[1].parameters == memories[0].parameters
 
 
+def test_muon_keeps_one_state_per_matrix_element_and_pays_its_iterations():
+    """[optimizer] name = "Muon": one fp32 momentum per element of the blocks' matrices (not
+    Adam's two moments), AdamW's two on the embedding and head; the Newton-Schulz time
+    (k (4 a^2 b + 2 a^3) FLOPs per a x b matrix, a <= b) split over the dp_shard x tp owners
+    and the owners' traffic, added to the step's ``optimizer`` part beside the element-wise
+    step both optimizers pay (overheads.py)."""
+    argv = ["--model.flavor=8B", "--training.seq_len=8192", "--training.local_batch_size=1",
+            "--parallelism.tensor_parallel_degree=8"]
+    adamw, muon = (from_job_config(build_job_config([*argv, *flags]), 64)
+                   for flags in ([], ["--optimizer.name=Muon"]))
+    m, work, layout = muon
+    assert (work.optimizer.matrix_states, work.optimizer.other_states) == (1, 2)
+    cluster = Cluster(H100, 8, 8)
+    plans = [plan(*inputs[:1], cluster, *inputs[1:]) for inputs in (adamw, muon)]
+    blocks = m.n_layers * m.block_params / (layout.tp * layout.fsdp_degree)
+    assert plans[0].memory.optimizer - plans[1].memory.optimizer == pytest.approx(4 * blocks)
+    extra = plans[1].step.optimizer - plans[0].step.optimizer
+    assert plans[0].step.optimizer > 0  # AdamW's element-wise step, counted for both
+    kv = m.kv_heads * m.head_dim
+    flops = 5 * (6 * m.dim**3 * 2 + 2 * (4 * kv**2 * m.dim + 2 * kv**3)
+                 + 3 * (4 * m.dim**2 * m.ffn_hidden_dim + 2 * m.dim**3))
+    compute = m.n_layers * flops / 64 / (H100.peak_tflops * 1e12 * H100.gemm_efficiency)
+    assert compute < extra < 2 * compute  # the traffic on NVLink/IB: less
+
+
 def test_from_job_config_reads_the_pipeline_and_tp_fields():
     config = build_job_config([
         "--job.config_file", "train_configs/debug_model.toml",

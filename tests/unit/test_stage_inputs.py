@@ -75,7 +75,7 @@ def _mtp_model(spec):
 
 
 def _step(model: nn.Module) -> OptimizersContainer:
-    optimizers = OptimizersContainer([model], build_job_config([]).optimizer)
+    optimizers = OptimizersContainer([model], build_job_config([]))
     sum(p.sum() for p in model.parameters()).backward()
     optimizers.step()
     return optimizers

@@ -19,7 +19,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from torchtitan_like.components.data.dataloader import StepBatches
 from torchtitan_like.components.optimizer import OptimizersContainer
-from torchtitan_like.config.job_config import Optimizer
+from torchtitan_like.config.job_config import JobConfig, Optimizer
 from torchtitan_like.distributed.fault_tolerance import SingleGroup, StepDropped
 from torchtitan_like.train import Trainer
 from torchtitan_like.validate import parse_args
@@ -29,7 +29,7 @@ DROPPED = 2  # the attempt the stand-in drops, once
 
 def test_a_gate_withholds_the_update_and_the_first_no_ends_the_asking():
     part = torch.nn.Linear(2, 2)
-    optimizers = OptimizersContainer([part], Optimizer(lr=1.0))
+    optimizers = OptimizersContainer([part], JobConfig(optimizer=Optimizer(lr=1.0)))
     asked = []
     optimizers.gates += [lambda: asked.append(1) or False, lambda: asked.append(2) or True]
     part(torch.ones(1, 2)).sum().backward()

@@ -265,17 +265,19 @@ def moment_deviation_bound(grads: list[torch.Tensor], p0: torch.Tensor, lr: floa
     return bound
 
 
-def build_bf16_moments_adam(params: list[torch.Tensor], common: dict, name: str,
+def build_bf16_moments_adam(params: list[torch.Tensor] | list[dict], common: dict, name: str,
                             implementation: str, stochastic_rounding: bool
                             ) -> torch.optim.Optimizer:
     """Adam/AdamW (``name``) with bf16 moments in the configured implementation (validated):
-    foreach/for-loop chunked, or a fused path (``fused_path``)."""
+    foreach/for-loop chunked, or a fused path (``fused_path``); ``params`` may be groups."""
     decoupled = name == "AdamW"
     if implementation not in ("fused", "fused_opt_states_bf16"):
         return Bf16MomentsAdam(params, **common, decoupled_weight_decay=decoupled,
                                foreach=implementation == "foreach",
                                stochastic_rounding=stochastic_rounding)
-    device = params[0].device.type if params else "cpu"
+    first = next((p for g in params for p in (g["params"] if isinstance(g, dict) else [g])),
+                 None)
+    device = first.device.type if first is not None else "cpu"
     if fused_path(device, torch_version()) == "compiled":
         return CompiledBf16MomentsAdam(params, **common, decoupled_weight_decay=decoupled)
     cls = torch.optim.AdamW if decoupled else torch.optim.Adam

@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 from torch import nn
 
 from torchtitan_like.config.derived import model_converters
-from torchtitan_like.config.errors import ConfigError
-from torchtitan_like.config.manager import did_you_mean
+from torchtitan_like.config.errors import ConfigError, unknown_registered
 
 if TYPE_CHECKING:
     from torchtitan_like.components.optimizer import OptimizersContainer
@@ -80,11 +79,8 @@ def check_converters(config: JobConfig) -> None:
     listed = config.model.converters
     for name in listed:
         if name not in _REGISTRY:
-            raise ConfigError(
-                f"[model] converters: unknown converter {name!r}; registered: "
-                f"{', '.join(sorted(_REGISTRY))}" + did_you_mean(name, _REGISTRY)
-                + " (a converter of your own is registered by a module named in [job] "
-                "custom_import, with components/converters.py's register_converter)")
+            raise unknown_registered("[model] converters", "converter", name, sorted(_REGISTRY),
+                                     ", with components/converters.py's register_converter")
     if len(set(listed)) != len(listed):
         raise ConfigError(f"[model] converters lists a converter twice: {listed}")
     if "moe_grouped_mm" in listed and config.float8.moe_grouped_mm == "none":

@@ -69,11 +69,11 @@ class Model:
 
 @dataclass
 class Optimizer:
-    name: Literal["AdamW", "Adam"] = "AdamW"
-    """Optimizer class from torch.optim."""
+    name: str = "AdamW"
+    """A registered optimizer: AdamW, Adam, Muon (its keys in [muon]) or a custom_import one's."""
 
     lr: float = ranged(8e-4, gt=0)
-    """Peak learning rate, reached at the end of warmup."""
+    """Peak learning rate, reached at the end of warmup (under Muon: of its AdamW side)."""
 
     beta1: float = ranged(0.9, ge=0, lt=1)
     """Adam's first-moment decay."""
@@ -85,7 +85,7 @@ class Optimizer:
     """Adam's denominator epsilon."""
 
     weight_decay: float = ranged(0.1, ge=0)
-    """Decoupled weight decay (AdamW) or L2 penalty (Adam)."""
+    """Decoupled weight decay (AdamW) or L2 penalty (Adam); never on norms and biases."""
 
     implementation: Literal["for-loop", "foreach", "fused", "fused_opt_states_bf16"] = "foreach"
     """Kernel style of the step; fused_opt_states_bf16 = fused with state_dtype = "bfloat16"."""
@@ -95,6 +95,30 @@ class Optimizer:
 
     state_stochastic_rounding: bool = False
     """Round bfloat16 moments stochastically (unbiased) instead of to nearest; not with fused."""
+
+
+@dataclass
+class Muon:
+    lr: float = ranged(0.0, ge=0)
+    """Peak lr of the hidden matrices; 0 = [optimizer] lr (transfers under match_rms_adamw)."""
+
+    momentum: float = ranged(0.95, ge=0, lt=1)
+    """Momentum of the matrices' update (torch.optim.Muon's default)."""
+
+    nesterov: bool = True
+    """Nesterov momentum: orthogonalize g + momentum x (new momentum), not the momentum."""
+
+    ns_steps: int = ranged(5, ge=1, lt=100)
+    """Newton-Schulz iterations orthogonalizing each matrix's update (torch.optim.Muon's 5)."""
+
+    ns_dtype: DTypeName = "bfloat16"
+    """Dtype of the Newton-Schulz iteration: bfloat16 (torch.optim.Muon's) or float32."""
+
+    weight_decay: float = ranged(0.1, ge=0)
+    """Decoupled weight decay of the matrices: lr x weight_decay per step (Moonlight's 0.1)."""
+
+    adjust_lr_fn: Literal["match_rms_adamw", "original"] = "match_rms_adamw"
+    """Update scale: 0.2 sqrt(max(m, n)), AdamW's RMS (Moonlight); original: sqrt(max(1, m/n))."""
 
 
 @dataclass
@@ -473,6 +497,7 @@ class JobConfig:
     job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
     optimizer: Optimizer = field(default_factory=Optimizer)
+    muon: Muon = field(default_factory=Muon)
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
     training: Training = field(default_factory=Training)
     parallelism: Parallelism = field(default_factory=Parallelism)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
-import difflib
 import functools
 import importlib
 import importlib.util
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from torchtitan_like.config.custom_sections import custom_sections, new_job_config
-from torchtitan_like.config.errors import ConfigError
+from torchtitan_like.config.errors import ConfigError, did_you_mean
 from torchtitan_like.config.job_config import JobConfig
 from torchtitan_like.config.paths import launch_dir, resolve_paths, user_imports, user_path
 from torchtitan_like.config.ranges import out_of_range
@@ -44,11 +43,6 @@ EXTENDS_KEY = "extends"
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
-
-
-def did_you_mean(name: str, options: typing.Iterable[str]) -> str:
-    match = difflib.get_close_matches(name, list(options), n=1, cutoff=0.5)
-    return f"; did you mean '{match[0]}'?" if match else ""
 
 
 def sections() -> dict[str, type]:

@@ -71,6 +71,7 @@ VALIDATION = _switch("validation", "enable")
 FAULT_TOLERANCE = _switch("fault_tolerance", "enable")
 FAULT = Parent("[debug] fault_rank >= 0", lambda c, b: c.debug.fault_rank >= 0)
 SPIKE = Parent('[spike] policy other than "off"', lambda c, b: c.spike.policy != "off")
+MUON = Parent('[optimizer] name = "Muon"', lambda c, b: c.optimizer.name == "Muon")
 
 
 def _dataset(*readers: str) -> Parent:
@@ -153,6 +154,8 @@ PARENTS: dict[tuple[str, str], Parent] = {
     **{("fault_tolerance", name): FAULT_TOLERANCE for name in (
         "replica_id", "group_size", "min_replica_size", "process_group",
         "process_group_timeout_ms", "manager_hostname")},
+    **{("muon", name): MUON for name in (
+        "lr", "momentum", "nesterov", "ns_steps", "ns_dtype", "weight_decay", "adjust_lr_fn")},
 }
 """Dependent field (section, name) -> its parent."""
 

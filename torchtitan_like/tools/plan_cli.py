@@ -39,6 +39,7 @@ from torchtitan_like.tools.planner import (
 from torchtitan_like.tools.planner.failures import FailureInputs, failure_cost, failure_lines
 from torchtitan_like.tools.planner.from_config import implied_num_gpus
 from torchtitan_like.tools.planner.hardware import load_profile
+from torchtitan_like.tools.planner.optimizer import state_bytes_per_parameter
 from torchtitan_like.tools.planner.uncertainty import (
     expected_band,
     memory_band,
@@ -117,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--dtype", choices=DTYPES, help="master weights, gradients, optimizer "
                      "states (default float32)")
     job.add_argument("--param_dtype", choices=DTYPES, help="compute dtype (default bfloat16)")
+    job.add_argument("--optimizer", help="a registered optimizer: AdamW (default), Adam, Muon "
+                     "(its states and Newton-Schulz time), or one of --custom_import")
     job.add_argument("--reduce_dtype", choices=DTYPES, help="gradient reduction (default "
                      "float32)")
     job.add_argument("--state_dtype", choices=("float32", "bfloat16"),
@@ -218,6 +221,7 @@ def _read_config(args: argparse.Namespace) -> JobConfig | None:
     import_custom_modules(config.job.custom_import)
     if args.flavor:
         config.model.name, config.model.flavor = args.model, args.flavor
+    config.optimizer.name = args.optimizer or config.optimizer.name
     return config
 
 
@@ -229,9 +233,11 @@ def _from_config_or_flavor(args: argparse.Namespace, config: JobConfig | None, n
         return from_job_config(config, num_gpus)
     if not args.flavor:
         raise LayoutError("name a model: --flavor (with --model) or --config")
-    config = build_job_config([f"--model.name={args.model}", f"--model.flavor={args.flavor}"])
-    model, _, _ = from_job_config(config, num_gpus)
-    return model, Workload(seq_len=8192, global_batch=0), Layout(ac="auto")
+    config = build_job_config([f"--model.name={args.model}", f"--model.flavor={args.flavor}",
+                               f"--optimizer.name={args.optimizer or 'AdamW'}"])
+    model, work, _ = from_job_config(config, num_gpus)
+    return model, Workload(seq_len=8192, global_batch=0, optimizer=work.optimizer), \
+        Layout(ac="auto")
 
 
 def _workload(args: argparse.Namespace, work: Workload) -> Workload:
@@ -249,8 +255,8 @@ def _workload(args: argparse.Namespace, work: Workload) -> Workload:
                                         and kernel == "foreach")
     global_batch = args.global_batch or (work.global_batch if args.config else
                                          max(1, 2**22 // seq_len))
-    return Workload(seq_len=seq_len, global_batch=global_batch, tokens=args.tokens,
-                    precision=precision, attn_mask_type=work.attn_mask_type)
+    return dataclasses.replace(work, seq_len=seq_len, global_batch=global_batch,
+                               tokens=args.tokens, precision=precision)
 
 
 def pins_of(args: argparse.Namespace) -> dict[str, Any]:
@@ -323,10 +329,11 @@ def _header(model: ModelShape, cluster: Cluster, work: Workload, args: argparse.
     ]
 
 
-def _memory_lines(result: Plan, work: Workload, args: argparse.Namespace) -> list[str]:
+def _memory_lines(result: Plan, model: ModelShape, work: Workload, args: argparse.Namespace
+                  ) -> list[str]:
     mem, lay, prec, held = result.memory, result.layout, work.precision, memory_band()
     names = {4: "fp32", 2: "bf16"}
-    states = prec.optimizer_states * prec.optimizer_state_bytes
+    states = state_bytes_per_parameter(model, work)
     return [
         f"Memory per GPU, peak at the {mem.moment}"
         + (f" (pipeline stage {mem.stage})" if lay.pp > 1 else "")
@@ -341,8 +348,8 @@ def _memory_lines(result: Plan, work: Workload, args: argparse.Namespace) -> lis
         f"max_reserved; held out on {held.runs} of them: {held.low - 1:+.0%} to "
         f"{held.high - 1:+.0%})",
         f"  bytes per parameter: {names[prec.master_bytes]} weights {prec.master_bytes} + "
-        f"gradients {prec.master_bytes} + Adam states {states} = "
-        f"{2 * prec.master_bytes + states}, sharded over {lay.tp} (TP) x {lay.pp} (PP) x "
+        f"gradients {prec.master_bytes} + optimizer states {states:.3g} = "
+        f"{2 * prec.master_bytes + states:.3g}, sharded over {lay.tp} (TP) x {lay.pp} (PP) x "
         f"{lay.fsdp_degree} (FSDP); {names[prec.compute_bytes]} compute copies "
         f"{prec.compute_bytes}; {names[prec.reduce_bytes]} reductions {prec.reduce_bytes}",
         *(["  per pipeline rank  " + " ".join(f"{total / GiB:.1f}" for total in
@@ -399,7 +406,7 @@ def failure_inputs(result: Plan, model: ModelShape, cluster: Cluster, work: Work
                    args: argparse.Namespace) -> FailureInputs:
     """The failure pricing's inputs: the plan's step time and per-GPU state, the flags."""
     lay, prec = result.layout, work.precision
-    per_param = prec.master_bytes + prec.optimizer_states * prec.optimizer_state_bytes
+    per_param = prec.master_bytes + state_bytes_per_parameter(model, work)
     return FailureInputs(
         num_gpus=cluster.num_gpus, gpu_mttf_hours=args.gpu_mttf_hours,
         step_seconds=result.step_seconds, checkpoint_interval=args.checkpoint_interval,
@@ -418,7 +425,7 @@ def format_plan(result: Plan, model: ModelShape, cluster: Cluster, work: Workloa
         f"Layout: {result.layout.label()}{chosen}; {result.microbatches} microbatch(es) per "
         "step per rank",
         "",
-        *_memory_lines(result, work, args),
+        *_memory_lines(result, model, work, args),
         "",
         *_time_lines(result),
         *(_cost_lines(result, model, cluster, work, args) if work.tokens else []),

@@ -188,6 +188,10 @@ class CheckpointLoader:
         if saved and (saved.get("name"), saved.get("flavor")) != (here.name, here.flavor):
             return (f" (saved by [model] {saved.get('name')}/{saved.get('flavor')}, this job "
                     f"runs {here.name}/{here.flavor})")
+        optimizer = self.config.optimizer.name
+        if info.get("optimizer", optimizer) != optimizer:  # its states are another's
+            return (f" (saved with [optimizer] name = {info['optimizer']!r}, this job uses "
+                    f"{optimizer!r}; to start its states afresh: {_EXCLUDE_HINT}=optimizer)")
         return ""
 
     def _check_data(self, info: dict[str, Any], where: str) -> None:

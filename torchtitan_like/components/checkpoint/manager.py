@@ -163,6 +163,7 @@ class CheckpointManager:
             "dtype": dtype,
             "model": {"name": self.config.model.name, "flavor": self.config.model.flavor,
                       "overrides": self.config.model.overrides},
+            "optimizer": self.config.optimizer.name,
             "world_size": self.world_size,
             "layout": {k: v for k, v in dataclasses.asdict(self.parallel_dims).items()
                        if k != "world_size"},

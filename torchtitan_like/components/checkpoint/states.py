@@ -109,9 +109,14 @@ class JSONState:
 
 
 def lr_scheduler_state(schedulers: LRSchedulersContainer) -> JSONState:
+    """The schedule's position, saved once (every part's scheduler is at the same step). Each
+    scheduler keeps its own base lrs on load: one per parameter group of its part, and parts
+    may hold different groups (a pipeline stage without embedding or head has no such group,
+    components/optim/param_groups.py)."""
+
     def put(state: dict[str, Any]) -> None:
         for scheduler in schedulers.schedulers:
-            scheduler.load_state_dict(dict(state))
+            scheduler.load_state_dict({**state, "base_lrs": scheduler.base_lrs})
 
     return JSONState(lambda: schedulers.schedulers[0].state_dict(), put)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from torchtitan_like.components.optimizer import FUSED
+from torchtitan_like.components.optimizer import FUSED, optimizer_spec
 from torchtitan_like.config.derived import float8_enabled, optimizer_state_dtype
 from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.distributed import layout_rules
@@ -112,6 +112,7 @@ def from_job_config(config: JobConfig, num_gpus: int) -> tuple[ModelShape, Workl
                     compile=compiled, float8=float8_enabled(config),
                     async_tp=p.enable_async_tensor_parallel, ep=dims.ep)
     workload = Workload(seq_len=t.seq_len, precision=_precision(config),
+                        optimizer=optimizer_spec(config).footprint(config),
                         attn_mask_type=config.model.attn_mask_type,
                         global_batch=layout_rules.global_batch(t.global_batch_size,
                                                                t.local_batch_size,

@@ -8,6 +8,7 @@ import functools
 from typing import TYPE_CHECKING, Literal
 
 from torchtitan_like.components.metrics import GPU_PEAK_TFLOPS
+from torchtitan_like.components.optim.registry import StateFootprint
 from torchtitan_like.distributed.fsdp import reshard_after_forward
 from torchtitan_like.tools.planner.latent import LatentAttention, latent_attention
 from torchtitan_like.tools.planner.moe import attention_fields, moe_fields
@@ -165,8 +166,6 @@ class Precision:
     """Gathered weights and activations (training.mixed_precision_param)."""
     reduce_bytes: int = 4
     """Gradient reduce-scatter / all-reduce (training.mixed_precision_reduce)."""
-    optimizer_states: int = 2
-    """Tensors the optimizer keeps per parameter: Adam's exp_avg and exp_avg_sq."""
     state_bytes: int = 0
     """Bytes of one optimizer state element: 2 with bf16 moments (optimizer.state_dtype);
     0 = master_bytes (torch keeps Adam's states in the parameters' dtype)."""
@@ -194,6 +193,9 @@ class Workload:
     precision: Precision = Precision()
     attn_mask_type: str = "causal"
     """[model] attn_mask_type: block_causal rules out context parallelism."""
+    optimizer: StateFootprint = dataclasses.field(default_factory=StateFootprint)
+    """What the optimizer keeps and does (its registry entry's; default Adam's):
+    tools/planner/optimizer.py."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,8 @@ n = dp_shard x cp ranks (ZeRO-3), and Adam's two states:
                                           reshard, every unit of the stage without it)
     gradients   P_s/tp/n x master        (+ the unsharded gradient of the unit in backward;
                                           under PP: P_s/tp x reduce, see below)
-    optimizer   P_s/tp/n x 2 x state     (state = master; 2 with bf16 moments)
+    optimizer   P_s/tp/n x 2 x state     (state = master; 2 with bf16 moments; another
+                                          optimizer's states: tools/planner/optimizer.py)
 
 master = 4 (fp32 weights and states, ``training.dtype``); compute = 2 (bf16,
 ``mixed_precision_param``); reduce = 4 (``mixed_precision_reduce``): 16 bytes per parameter
@@ -64,6 +65,7 @@ from torchtitan_like.tools.planner.mixed_precision import (
     norm_bytes,
 )
 from torchtitan_like.tools.planner.moe import expert_split
+from torchtitan_like.tools.planner.optimizer import optimizer_state_bytes
 from torchtitan_like.tools.planner.ring import ring_working_bytes
 from torchtitan_like.tools.planner.schedule import (
     checkpointed,
@@ -123,17 +125,17 @@ def stage_gathered(m: ModelShape, layout: Layout, layers: int, first: bool, last
 
 
 def _weights(m: ModelShape, work: Workload, layout: Layout, local: float, gathered: float,
-             has_last: bool) -> _Weights:
+             has_last: bool, matrices: float) -> _Weights:
     """Weights in compute dtype beside the master copy, and unsharded gradients. Gradients
     accumulate per parameter from the first backward that reaches it: sharded, in the master
     dtype; but pipelined FSDP skips the reduce-scatter until the last microbatch, so there
     they accumulate unsharded, in the reduce dtype. ``local``: the stage's parameters on one
-    TP rank (sharded state: local / n, experts included, moe.py); ``gathered``: once gathered."""
+    TP rank (sharded state: local / n, experts included, moe.py); ``gathered``: once gathered;
+    ``matrices``: the blocks' share of ``local`` (the optimizer's states, optimizer.py)."""
     prec, cb, n = work.precision, work.precision.compute_bytes, layout.fsdp_degree
     unit = m.gathered_block_params(layout.tp, expert_split(layout))
     master = local / n * prec.master_bytes
-    w = _Weights(master, local / n * prec.optimizer_states * prec.optimizer_state_bytes,
-                 prec.master_bytes / n)
+    w = _Weights(master, optimizer_state_bytes(work, local, matrices) / n, prec.master_bytes / n)
     if layout.fsdp_enabled:
         if layout.reshard:  # only the unit that runs is gathered
             w.gathered_layer = unit * cb
@@ -208,8 +210,9 @@ class _StageWalk:
         t = layout.tp
         local = sum(stage_params(m, t, *chunk) for chunk in self.chunks)
         gathered = sum(stage_gathered(m, layout, *chunk) for chunk in self.chunks)
+        matrices = sum(layers * m.block_params / t for layers, _, _ in self.chunks)
         self.w = _weights(m, work, layout, local, gathered,
-                          any(last for _, _, last in self.chunks))
+                          any(last for _, _, last in self.chunks), matrices)
         if autocast(layout, work.precision):
             self._autocast_casts(work.precision.compute_bytes)
         self.a = a = _activations(m, gpu, work, layout)

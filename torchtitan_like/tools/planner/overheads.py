@@ -20,7 +20,10 @@ accesses per parameter) and Adam over each GPU's sharded parameters. torch's for
 makes 20 accesses per parameter (the decoupled decay, the two moment updates in place, the
 square root into a temporary, its scaling and epsilon, and the update: 2 + 3 + 2 + 3 + 2 + 2
 + 2 + 4), the fused kernel 7 (reads p, g, m, v; writes p, m, v), each of the master dtype's
-bytes, at HBM bandwidth.
+bytes, at HBM bandwidth. Muon's element-wise passes over the matrices (the momentum and
+Nesterov mixes, the decay and the update: 11 accesses) are counted at Adam's, within that
+range; its Newton-Schulz iterations and owner traffic are added to the same term
+(optimizer.py: ``orthogonalization_seconds``, 0 for an optimizer without them).
 
 **FSDP's copies** (``fsdp_copy_seconds``, in the fsdp part). Beside its collectives FSDP2
 copies every unit it gathers out of the all-gather buffer into the parameters and its shard in,
@@ -45,6 +48,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from torchtitan_like.tools.planner.communication import fsdp_gathers
+from torchtitan_like.tools.planner.optimizer import orthogonalization_seconds
 from torchtitan_like.tools.planner.schedule import busiest_rank_layers, checkpointed
 
 if TYPE_CHECKING:
@@ -95,12 +99,14 @@ def roofline_factor(m: ModelShape, gpu: GPU, layout: Layout, work: Workload, rat
 
 def optimizer_seconds(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout
                       ) -> float:
-    """Gradient clipping and the Adam step over the busiest GPU's sharded parameters."""
+    """Gradient clipping, the element-wise step over the busiest GPU's sharded parameters
+    and the optimizer's orthogonalization (Muon's), all exposed (module docstring)."""
     prec = work.precision
     params = (busiest_rank_layers(m, layout) * m.block_params + m.embedding_params
               + m.head_params) / (layout.tp * layout.fsdp_degree)
     accesses = CLIP_ACCESSES + ADAM_ACCESSES["fused" if prec.fused_optimizer else "foreach"]
-    return params * accesses * prec.master_bytes / (cluster.gpu.hbm_tbps * 1e12)
+    elementwise = params * accesses * prec.master_bytes / (cluster.gpu.hbm_tbps * 1e12)
+    return elementwise + orthogonalization_seconds(m, cluster, work, layout)
 
 
 def fsdp_copy_seconds(m: ModelShape, cluster: Cluster, work: Workload, layout: Layout,

@@ -34,8 +34,10 @@
     pp          point-to-point activation transfers (exposed)
     grad_accumulation  pipelined FSDP's per-microbatch accumulation of the stage's unsharded
                 gradients in the reduce dtype, at HBM bandwidth (``gradient_accumulation``)
-    optimizer   gradient clipping and the Adam step over the GPU's sharded parameters, at HBM
-                bandwidth (overheads.py; exposed: nothing runs beside it)
+    optimizer   gradient clipping and the optimizer step over the GPU's sharded parameters, at
+                HBM bandwidth, plus Muon's Newton-Schulz iterations and the trips of its
+                matrices to their owner ranks and back (overheads.py, optimizer.py; exposed:
+                nothing runs beside it)
     host        the host's dispatch of every op beyond the device's own time (overheads.py:
                 measured per-op costs; on a CPU process all of it)
     bubble      (compute + grad_accumulation + tp + cp + ep) x b / (1 - b), b from
@@ -102,7 +104,7 @@ class StepTime:
     ep: float = 0.0
     grad_accumulation: float = 0.0
     optimizer: float = 0.0
-    """Gradient clipping and the optimizer step (overheads.py)."""
+    """Gradient clipping, the optimizer step and Muon's Newton-Schulz (overheads.py)."""
     host: float = 0.0
     """The host's dispatch beyond the device's time (overheads.py)."""
 

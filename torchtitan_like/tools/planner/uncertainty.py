@@ -49,7 +49,8 @@ TERMS = {
     "bubble": "pipeline bubble",
     "ep": "MoE all-to-all",
     "grad_accumulation": "pipelined FSDP's gradient accumulation",
-    "optimizer": "gradient clipping and the optimizer step at HBM bandwidth",
+    "optimizer": ("gradient clipping and the optimizer step at HBM bandwidth, Muon's "
+                  "Newton-Schulz iterations and owner gathers (not fitted)"),
     "host": "the host's dispatch beyond the device's time (measured per-op costs)",
 }
 
