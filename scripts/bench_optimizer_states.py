@@ -18,7 +18,7 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from torchtitan_like.components.optimizer import build_optimizer
-from torchtitan_like.config.job_config import Optimizer
+from torchtitan_like.config.optimization import Optimizer
 from torchtitan_like.models.registry import get_model_args, get_model_spec
 
 MiB = 2**20

@@ -225,7 +225,7 @@ def check_bf16_moments() -> str:
     from torchtitan_like.components import bf16_moments
     from torchtitan_like.components.optimizer import build_optimizer
     from torchtitan_like.components.versions import torch_version
-    from torchtitan_like.config.job_config import Optimizer
+    from torchtitan_like.config.optimization import Optimizer
 
     torch.manual_seed(0)
     start = torch.randn(4096, 256, device="cuda") * 0.02

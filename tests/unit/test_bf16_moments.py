@@ -25,7 +25,7 @@ from torchtitan_like.components.bf16_moments import (
 from torchtitan_like.components.optimizer import build_optimizer
 from torchtitan_like.config.derived import optimizer_state_dtype
 from torchtitan_like.config.errors import ConfigError
-from torchtitan_like.config.job_config import Optimizer
+from torchtitan_like.config.optimization import Optimizer
 from torchtitan_like.validate import parse_args
 
 LR, BETAS, EPS, WD = 3e-3, (0.9, 0.95), 1e-8, 0.1

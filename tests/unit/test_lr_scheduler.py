@@ -6,7 +6,8 @@ import torch
 
 from torchtitan_like.components.lr_scheduler import LRSchedulersContainer, lr_factor
 from torchtitan_like.components.optimizer import OptimizersContainer
-from torchtitan_like.config.job_config import JobConfig, LRScheduler, Optimizer
+from torchtitan_like.config.job_config import JobConfig
+from torchtitan_like.config.optimization import LRScheduler, Optimizer
 
 
 def factors(steps=10, **kw):

@@ -19,7 +19,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from torchtitan_like.components.data.dataloader import StepBatches
 from torchtitan_like.components.optimizer import OptimizersContainer
-from torchtitan_like.config.job_config import JobConfig, Optimizer
+from torchtitan_like.config.job_config import JobConfig
+from torchtitan_like.config.optimization import Optimizer
 from torchtitan_like.distributed.fault_tolerance import SingleGroup, StepDropped
 from torchtitan_like.train import Trainer
 from torchtitan_like.validate import parse_args

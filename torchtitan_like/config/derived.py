@@ -6,7 +6,7 @@ the user wrote, never written back into it (the ``JobConfig`` a job reads, print
 from __future__ import annotations
 
 from torchtitan_like.config.job_config import JobConfig
-from torchtitan_like.config.job_config import Optimizer as OptimizerConfig
+from torchtitan_like.config.optimization import Optimizer as OptimizerConfig
 
 
 def model_converters(config: JobConfig) -> list[str]:

@@ -1,6 +1,7 @@
 """The job configuration: one dataclass per TOML section, one documented field per key.
 
-This file is the single source of truth for every option the trainer reads. The string under
+This file (with config/optimization.py's sections) is the single source of truth for every
+option the trainer reads. The string under
 each field is its documentation: ``--help`` and docs/config_reference.md are generated from it,
 so a field without one fails the unit tests. ``Literal`` types list the accepted values.
 Section and key names follow TorchTitan's TOML era; add fields freely, rename none.
@@ -9,20 +10,8 @@ Section and key names follow TorchTitan's TOML era; add fields freely, rename no
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-DTypeName = Literal["float32", "bfloat16"]
-PipelineScheduleName = Literal[
-    "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
-    "DualPipeV",
-]
-
-
-def ranged(default: Any, *, ge: float | None = None, gt: float | None = None,
-           le: float | None = None, lt: float | None = None) -> Any:
-    """A numeric field with the bounds its value must lie in (checked once, config/ranges.py;
-    a table of numbers declares them as ``metadata={"range": ...}``). Every float must in any
-    case be finite, every integer fit 64 bits."""
-    bounds = {k: v for k, v in {"ge": ge, "gt": gt, "le": le, "lt": lt}.items() if v is not None}
-    return field(default=default, metadata={"range": bounds})
+from torchtitan_like.config.fields import DTypeName, PipelineScheduleName, ranged
+from torchtitan_like.config.optimization import LRScheduler, Muon, Optimizer
 
 
 @dataclass
@@ -65,75 +54,6 @@ class Model:
 
     attn_mask_type: Literal["causal", "block_causal"] = "causal"
     """causal, or block_causal: tokens attend only within their document (EOS-separated)."""
-
-
-@dataclass
-class Optimizer:
-    name: str = "AdamW"
-    """A registered optimizer: AdamW, Adam, Muon (its keys in [muon]) or a custom_import one's."""
-
-    lr: float = ranged(8e-4, gt=0)
-    """Peak learning rate, reached at the end of warmup (under Muon: of its AdamW side)."""
-
-    beta1: float = ranged(0.9, ge=0, lt=1)
-    """Adam's first-moment decay."""
-
-    beta2: float = ranged(0.95, ge=0, lt=1)
-    """Adam's second-moment decay."""
-
-    eps: float = ranged(1e-8, gt=0)
-    """Adam's denominator epsilon."""
-
-    weight_decay: float = ranged(0.1, ge=0)
-    """Decoupled weight decay (AdamW) or L2 penalty (Adam); never on norms and biases."""
-
-    implementation: Literal["for-loop", "foreach", "fused", "fused_opt_states_bf16"] = "foreach"
-    """Kernel style of the step; fused_opt_states_bf16 = fused with state_dtype = "bfloat16"."""
-
-    state_dtype: DTypeName = "float32"
-    """Dtype exp_avg/exp_avg_sq are stored in; bfloat16 (DeepSeek-V3): the update stays fp32."""
-
-    state_stochastic_rounding: bool = False
-    """Round bfloat16 moments stochastically (unbiased) instead of to nearest; not with fused."""
-
-
-@dataclass
-class Muon:
-    lr: float = ranged(0.0, ge=0)
-    """Peak lr of the hidden matrices; 0 = [optimizer] lr (transfers under match_rms_adamw)."""
-
-    momentum: float = ranged(0.95, ge=0, lt=1)
-    """Momentum of the matrices' update (torch.optim.Muon's default)."""
-
-    nesterov: bool = True
-    """Nesterov momentum: orthogonalize g + momentum x (new momentum), not the momentum."""
-
-    ns_steps: int = ranged(5, ge=1, lt=100)
-    """Newton-Schulz iterations orthogonalizing each matrix's update (torch.optim.Muon's 5)."""
-
-    ns_dtype: DTypeName = "bfloat16"
-    """Dtype of the Newton-Schulz iteration: bfloat16 (torch.optim.Muon's) or float32."""
-
-    weight_decay: float = ranged(0.1, ge=0)
-    """Decoupled weight decay of the matrices: lr x weight_decay per step (Moonlight's 0.1)."""
-
-    adjust_lr_fn: Literal["match_rms_adamw", "original"] = "match_rms_adamw"
-    """Update scale: 0.2 sqrt(max(m, n)), AdamW's RMS (Moonlight); original: sqrt(max(1, m/n))."""
-
-
-@dataclass
-class LRScheduler:
-    warmup_steps: int = ranged(200, ge=0)
-    """Steps of linear warmup from lr/(warmup_steps+1) to lr."""
-
-    decay_ratio: float = -1.0
-    """Fraction of the post-warmup steps spent decaying (WSD); -1 = decay over all of them."""
-
-    decay_type: Literal["linear", "sqrt", "cosine"] = "linear"
-    """Shape of the decay phase."""
-
-    min_lr_factor: float = ranged(0.0, ge=0, le=1)
-    """Floor of the decay, as a fraction of lr."""
 
 
 @dataclass
