@@ -19,7 +19,7 @@ import math
 from torch.optim.lr_scheduler import LambdaLR
 
 from torchtitan_like.components.optimizer import OptimizersContainer
-from torchtitan_like.config.job_config import LRScheduler as LRSchedulerConfig
+from torchtitan_like.config.optimization import LRScheduler as LRSchedulerConfig
 
 
 def lr_factor(step: int, config: LRSchedulerConfig, total_steps: int) -> float:

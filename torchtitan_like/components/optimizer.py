@@ -29,7 +29,7 @@ from torchtitan_like.components.optim.registry import (
 from torchtitan_like.config.derived import optimizer_state_dtype
 from torchtitan_like.config.errors import ConfigError
 from torchtitan_like.config.job_config import JobConfig
-from torchtitan_like.config.job_config import Optimizer as OptimizerConfig
+from torchtitan_like.config.optimization import Optimizer as OptimizerConfig
 
 FUSED = ("fused", "fused_opt_states_bf16")
 

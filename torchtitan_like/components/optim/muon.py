@@ -48,8 +48,8 @@ from torchtitan_like.components.optim.registry import (
 )
 from torchtitan_like.config.dtypes import DTYPES
 from torchtitan_like.config.job_config import JobConfig
-from torchtitan_like.config.job_config import Muon as MuonConfig
-from torchtitan_like.config.job_config import Optimizer as OptimizerConfig
+from torchtitan_like.config.optimization import Muon as MuonConfig
+from torchtitan_like.config.optimization import Optimizer as OptimizerConfig
 
 BuildAdamW = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
 
