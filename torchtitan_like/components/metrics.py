@@ -253,7 +253,7 @@ class MetricsLogger:
             "tokens_per_second": tps,
             "tokens_per_second_total": tps * self.world_size,
             "tflops": tflops,
-            "mfu": 100 * tflops / self.peak if self.peak else None,
+            "mfu": 100 * (tflops / self.peak) if self.peak else None,  # exactly 100 at the peak
             "mfu_peak_tflops": self.peak,
             "memory_gib": peak_memory_gib(self.device),
             "data_loading_percent": 100 * self.data_seconds / seconds,
