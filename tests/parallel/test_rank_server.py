@@ -31,11 +31,12 @@ DIES = """
 import os, signal, subprocess, sys, time
 import torch.distributed as dist
 dist.init_process_group("gloo")
+if dist.get_rank() == 0:  # its child runs before rank 1 dies (else the kill may come first)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    os.write(1, f"CHILD {child.pid}\\n".encode())
 dist.barrier()
 if dist.get_rank() == 1:
     os.kill(os.getpid(), signal.SIGKILL)
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-os.write(1, f"CHILD {child.pid}\\n".encode())
 dist.barrier()  # never completes: rank 1 is gone
 """
 
