@@ -43,6 +43,7 @@ from torchtitan_like.tools.planner import (
     stage_memory,
     stage_split,
 )
+from torchtitan_like.tools.planner.optimizer import newton_schulz_flops, orthogonalization_seconds
 
 GiB = 2**30
 H100 = GPUS["H100"]
@@ -290,6 +291,20 @@ def test_muon_keeps_one_state_per_matrix_element_and_pays_its_iterations():
                  + 3 * (4 * m.dim**2 * m.ffn_hidden_dim + 2 * m.dim**3))
     compute = m.n_layers * flops / 64 / (H100.peak_tflops * 1e12 * H100.gemm_efficiency)
     assert compute < extra < 2 * compute  # the traffic on NVLink/IB: less
+
+
+def test_muons_iteration_runs_at_a_profiles_measured_rate_in_its_dtype():
+    """A hardware profile's measured matmul rate in the iteration's dtype prices Newton-Schulz
+    (hardware.gemm_rate, as the step's matmuls), not the preset's peak: the same single-owner
+    plan at half the rate pays twice the iteration."""
+    argv = ["--model.flavor=debugmodel", "--optimizer.name=Muon", "--muon.ns_dtype=float32"]
+    m, work, layout = from_job_config(build_job_config(argv), 1)
+    times = [orthogonalization_seconds(m, Cluster(dataclasses.replace(
+        H100, gemm_tflops_by_dtype=(("float32", tflops),)), 1, 1), work, layout)
+        for tflops in (2.0, 1.0)]
+    assert times[1] == pytest.approx(2 * times[0])
+    flops = m.n_layers * newton_schulz_flops(m, work.optimizer.newton_schulz_steps)
+    assert times[0] == pytest.approx(flops / 2e12)
 
 
 def test_from_job_config_reads_the_pipeline_and_tp_fields():

@@ -18,6 +18,8 @@ Only ``gpu`` and ``processes.per_node`` feed the planner; the rest says what was
 where and with which versions, so that a profile is not silently used on other hardware or
 software (ttl-plan prints its date and torch version in the cluster line). The GPU's curves
 are (bytes per ring step, GB/s a rank sends) pairs, ascending in size (communication.py).
+``gemm_rate`` is where a matmul's rate is read, the profile's or the preset's (the step's
+matmuls, step_time.py; Muon's iteration, optimizer.py).
 """
 
 from __future__ import annotations
@@ -125,3 +127,18 @@ def write_profile(path: str | Path, record: dict[str, Any]) -> None:
     record = {"format": FORMAT, **record}
     Path(path).write_text(json.dumps(record, indent=1) + "\n")
     load_profile(path)
+
+
+DTYPE_NAMES = {4: "float32", 2: "bfloat16"}
+"""A compute dtype's name by its bytes, as ``GPU.gemm_tflops_by_dtype`` keys it."""
+
+
+def gemm_rate(gpu: GPU, dtype: str) -> float:
+    """FLOP/s of the weight matmuls in ``dtype``: measured at the job's shapes
+    (``GPU.gemm_tflops_by_dtype``, a hardware profile) or the preset's share of its peak (the
+    bf16 peak for any dtype but float8, the GPU's fp8 peak for float8)."""
+    measured = dict(gpu.gemm_tflops_by_dtype)
+    if dtype in measured:
+        return measured[dtype] * 1e12
+    peak = gpu.fp8_tflops if dtype == "float8" and gpu.fp8_tflops else gpu.peak_tflops
+    return peak * 1e12 * gpu.gemm_efficiency

@@ -16,7 +16,8 @@ FLOPs: X X^T, the Gram polynomial's product, and its product with X. Every matri
 is iterated once per replica, by one owner among the dp_shard x cp x tp ranks that hold its
 shards (components/optim/newton_schulz.py; routed experts are split over the same ranks by EP
 and expert FSDP), so a GPU iterates 1/(dp_shard x cp x tp) of its stage's matrices, at the bf16
-matmul rate (an fp32 iteration at 1/FP32_SLOWDOWN of it). Matrices sharded over those ranks
+matmul rate, or a hardware profile's measured rate in the iteration's dtype (an fp32 iteration
+without one at 1/FP32_SLOWDOWN of the bf16 rate). Matrices sharded over those ranks
 travel to their owners and back in the iteration's dtype: an all-to-all on NCCL, each GPU
 sending (N - 1)/N of its shards of the stage's dense matrices each way (experts need no gather).
 Both are exposed: the step runs after backward, before the next forward.
@@ -24,12 +25,14 @@ Both are exposed: the step runs after backward, before the next forward.
 
 from __future__ import annotations
 
+from torchtitan_like.tools.planner.hardware import DTYPE_NAMES, gemm_rate
 from torchtitan_like.tools.planner.inputs import Cluster, Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.links import link, ring_volume
 from torchtitan_like.tools.planner.schedule import busiest_rank_layers
 
 FP32_SLOWDOWN = 15.0
-"""bf16 / fp32 dense matmul peak without TF32 (H100 SXM 989 / 67 TFLOP/s; A100 312 / 19.5)."""
+"""bf16 / fp32 dense matmul peak without TF32 (H100 SXM 989 / 67 TFLOP/s; A100 312 / 19.5):
+an fp32 iteration's rate where no hardware profile measured fp32."""
 
 
 def optimizer_state_bytes(work: Workload, params: float, matrices: float) -> float:
@@ -73,8 +76,10 @@ def orthogonalization_seconds(m: ModelShape, cluster: Cluster, work: Workload,
         return 0.0
     owners = layout.fsdp_degree * layout.tp
     layers = busiest_rank_layers(m, layout)
-    rate = cluster.gpu.peak_tflops * 1e12 * cluster.gpu.gemm_efficiency
-    rate /= FP32_SLOWDOWN if f.newton_schulz_bytes == 4 else 1.0
+    dtype = DTYPE_NAMES[f.newton_schulz_bytes]
+    rate = gemm_rate(cluster.gpu, dtype)  # measured by --calibrate, or the preset's bf16 share
+    if dtype not in dict(cluster.gpu.gemm_tflops_by_dtype) and dtype == "float32":
+        rate /= FP32_SLOWDOWN
     compute = layers * newton_schulz_flops(m, f.newton_schulz_steps) / owners / rate
     if owners == 1:
         return compute

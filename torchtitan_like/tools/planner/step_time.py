@@ -63,7 +63,8 @@ from torchtitan_like.tools.planner.activations import (
     routed_elements,
 )
 from torchtitan_like.tools.planner.calibration import CALIBRATION, Calibration
-from torchtitan_like.tools.planner.inputs import GPU, Cluster, Layout, ModelShape, Workload
+from torchtitan_like.tools.planner.hardware import DTYPE_NAMES, gemm_rate
+from torchtitan_like.tools.planner.inputs import Cluster, Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.links import Comm, rate_at
 from torchtitan_like.tools.planner.moe import routed_forward_share
 from torchtitan_like.tools.planner.overheads import (
@@ -149,21 +150,6 @@ def _gemm_time(m: ModelShape, cluster: Cluster, layout: Layout, work: Workload,
         return shapes * (head_flops / rate + (gemm_flops - head_flops) / fp8), \
             shapes * head_flops / rate
     return shapes * gemm_flops / rate, shapes * head_flops / rate
-
-
-DTYPE_NAMES = {4: "float32", 2: "bfloat16"}
-"""A compute dtype's name by its bytes, as ``GPU.gemm_tflops_by_dtype`` keys it."""
-
-
-def gemm_rate(gpu: GPU, dtype: str) -> float:
-    """FLOP/s of the weight matmuls in ``dtype``: measured at the job's shapes
-    (``GPU.gemm_tflops_by_dtype``, a hardware profile) or the preset's share of its peak (the
-    bf16 peak for any dtype but float8, the GPU's fp8 peak for float8)."""
-    measured = dict(gpu.gemm_tflops_by_dtype)
-    if dtype in measured:
-        return measured[dtype] * 1e12
-    peak = gpu.fp8_tflops if dtype == "float8" and gpu.fp8_tflops else gpu.peak_tflops
-    return peak * 1e12 * gpu.gemm_efficiency
 
 
 def attention_rate(cluster: Cluster, seq_len: int) -> float:
