@@ -16,8 +16,9 @@ the launcher gives it; a rate is the slowest rank's. Measured, at the planned jo
 - **element-wise bandwidth**: a product of two feed-forward-wide activations (3 crossings);
 - **host dispatch**: per eager op, through DTensor, compiled (when the job compiles) and per
   FSDP unit (tools/host_dispatch.py);
-- **a synchronous collective's cost beyond its transfer** on a CPU process (several in the
-  node): its main-thread work and the wait for the slower rank (tools/sync_cost.py);
+- **a synchronous collective's cost beyond its transfer** on a CPU process (over the job's TP
+  group, else the node's processes): its main-thread work and the wait for the slower rank
+  (tools/sync_cost.py);
 - **collectives** inside a node (a group of its processes) and, with several nodes, across
   them (one process per node): all-gather, reduce-scatter, all-reduce, all-to-all and
   send/recv (a ring of batched pairs) at message sizes from 64 KiB to twice the job's
@@ -49,7 +50,7 @@ from torchtitan_like.tools.planner.hardware import gpu_to_dict, write_profile
 from torchtitan_like.tools.planner.inputs import CPU, GPU, GPUS, Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.overheads import gemm_shapes
 from torchtitan_like.tools.planner.step_time import ATTENTION_PASS_FLOPS
-from torchtitan_like.tools.sync_cost import measure_sync_costs
+from torchtitan_like.tools.sync_cost import measure_sync_costs, sync_group
 
 SWEEP = tuple(4**k for k in range(8, 15))
 """Message sizes (bytes a ring step) of the collective curves: 64 KiB, x4 up to the first one
@@ -321,9 +322,9 @@ def calibrate(m: ModelShape, work: Workload, layout: Layout, device: torch.devic
     groups = _groups()
     collectives = {scope: measure_collectives(group, device, sizes)
                    for scope, group in groups.items()}
-    sync = measure_sync_costs(m, work, layout, groups["intra"], device,
-                              lambda v: _slowest(v, device)) \
-        if device.type == "cpu" and "intra" in groups else {}
+    sync_on = sync_group(layout, groups.get("intra")) if device.type == "cpu" else None
+    sync = measure_sync_costs(m, work, layout, sync_on, device, lambda v: _slowest(v, device)) \
+        if sync_on is not None else {}
     gpu = _base_gpu(device, per_node)
     peak = gpu.peak_tflops or max(gemm.values())
     fields = {**vars_of(gpu), "peak_tflops": peak, "gemm_efficiency": gemm["bfloat16"] / peak,

@@ -59,19 +59,29 @@ def _loop_seconds(body: Callable[[], object], group: dist.ProcessGroup,
     return best
 
 
+def sync_group(layout: Layout, node: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
+    """The group the job's synchronous TP collectives run on: its TP group (consecutive ranks,
+    TP innermost in the mesh; every rank creates every group), else the node's processes (the
+    TP a later plan may use); None for a process alone in its node without TP."""
+    if layout.tp > 1:
+        return dist.new_subgroups(group_size=layout.tp)[0]
+    return node
+
+
 def measure_sync_costs(m: ModelShape, work: Workload, layout: Layout,
                        group: dist.ProcessGroup, device: torch.device,
                        slowest: Callable[[float], float]) -> dict[str, float]:
-    """``host_collective_s`` and ``sync_skew_s`` (module docstring) on ``group`` at the job's
-    activation (a microbatch's tokens x dim, sharded along the sequence), with ``slowest``
-    reducing a rank's figure to the slowest rank's."""
+    """``host_collective_s`` and ``sync_skew_s`` (module docstring) on ``group`` (``sync_group``)
+    at the job's activation in its compute dtype (a microbatch's tokens x dim, sharded along
+    the sequence), with ``slowest`` reducing a rank's figure to the slowest rank's."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
     mesh = DeviceMesh.from_group(group, device.type)
     n = dist.get_world_size(group)
     seq = max(n, work.seq_len // layout.cp // n * n)
-    batch, dtype = layout.local_batch_size, torch.float32
+    batch = layout.local_batch_size
+    dtype = torch.bfloat16 if work.precision.compute_bytes == 2 else torch.float32
     sharded = DTensor.from_local(torch.randn(batch, seq // n, m.dim, dtype=dtype), mesh,
                                  [Shard(1)])
     partial = DTensor.from_local(torch.randn(batch, seq, m.dim, dtype=dtype), mesh,
@@ -81,7 +91,7 @@ def measure_sync_costs(m: ModelShape, work: Workload, layout: Layout,
         sharded.redistribute(mesh, [Replicate()]).to_local()
         partial.redistribute(mesh, [Shard(1)]).to_local()
 
-    x = torch.randn(batch * seq, m.dim, dtype=dtype)
+    x = torch.randn(batch * seq, m.dim, dtype=dtype)  # the feed-forward's input and w1
     w = torch.randn(m.dim, max(1, m.ffn_hidden_dim // n), dtype=dtype)
 
     def compute() -> None:
