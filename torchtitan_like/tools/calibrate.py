@@ -5,7 +5,8 @@ Run under torchrun (``python -m torchtitan_like.launch --nproc_per_node N -m
 torchtitan_like.tools.plan_cli --calibrate PROFILE ...`` on every node), or plainly: ttl-plan
 then launches itself on one node with ``--nproc`` processes. Every rank measures at once, as
 the ranks of a step compute at once (on a CPU they share cores and memory), with the threads
-the launcher gives it; a rate is the slowest rank's. Measured, at the planned job's shapes
+the launcher gives it (a one-thread CPU process timed by its own CPU clock:
+``compute_clock``); a rate is the slowest rank's. Measured, at the planned job's shapes
 (its model, sequence length, microbatch, TP and CP degrees, compute dtype):
 
 - **matmul**: every weight matmul of a block and the output head, forward and both backward
@@ -88,6 +89,18 @@ def fastest_seconds(fn: Callable[[], object], device: torch.device | None = None
     return best
 
 
+def compute_clock(device: torch.device | None) -> Callable[[], float]:
+    """The clock the compute rates are timed by: a one-thread CPU process's own CPU clock
+    (``time.thread_time``: it computes on that thread, and the verify run counts its compute
+    by the same clock; another tenant's process taking the core then delays the run without
+    lengthening it, where the wall clock measured 27-38% low rates twice in seven two-process
+    calibrations on the shared 2-core machine, docs/measurements.md), else the wall clock (a
+    GPU; several threads)."""
+    if device is not None and device.type == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter
+
+
 def _slowest(value: float, device: torch.device, group: dist.ProcessGroup | None = None,
              op: dist.ReduceOp.RedOpType = dist.ReduceOp.MAX) -> float:
     """``value`` reduced over ``group`` (the world): every rank gets the same number."""
@@ -118,7 +131,8 @@ def measure_gemm(m: ModelShape, layout: Layout, tokens: int, dtype: str,
     flops = seconds = 0.0
     for (rows, inner, cols), count in counts.items():
         flops += count * 2 * rows * inner * cols
-        seconds += count * fastest_seconds(_matmul(rows, inner, cols, dtype, device), device, 0.05)
+        seconds += count * fastest_seconds(_matmul(rows, inner, cols, dtype, device), device,
+                                           0.05, clock=compute_clock(device))
     return flops / seconds / 1e12
 
 
@@ -135,7 +149,8 @@ def measure_attention(m: ModelShape, layout: Layout, batch: int, seq: int,
         sdpa(*qkv, is_causal=True).sum().backward()
 
     forward = 4 * batch * seq * seq * heads * m.head_dim / 2  # causal, as step_time counts
-    return forward * ATTENTION_PASS_FLOPS / fastest_seconds(attend, device) / 1e12
+    return forward * ATTENTION_PASS_FLOPS / fastest_seconds(
+        attend, device, clock=compute_clock(device)) / 1e12
 
 
 def measure_bandwidth(m: ModelShape, layout: Layout, tokens: int, dtype: torch.dtype,
@@ -143,7 +158,8 @@ def measure_bandwidth(m: ModelShape, layout: Layout, tokens: int, dtype: torch.d
     """TB/s of an element-wise product of two feed-forward-wide activations."""
     a, b = (torch.randn(tokens, m.ffn_hidden_dim // layout.tp, device=device, dtype=dtype)
             for _ in range(2))
-    return 3 * a.numel() * a.element_size() / fastest_seconds(lambda: a * b, device) / 1e12
+    return 3 * a.numel() * a.element_size() / fastest_seconds(
+        lambda: a * b, device, clock=compute_clock(device)) / 1e12
 
 
 def _collective(kind: str, nbytes: int, group: dist.ProcessGroup, device: torch.device
