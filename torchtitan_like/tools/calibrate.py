@@ -93,7 +93,7 @@ def compute_clock(device: torch.device | None) -> Callable[[], float]:
     """The clock the compute rates are timed by: a one-thread CPU process's own CPU clock
     (``time.thread_time``: it computes on that thread, and the verify run counts its compute
     by the same clock; another tenant's process taking the core then delays the run without
-    lengthening it, where the wall clock measured 27-38% low rates twice in seven two-process
+    lengthening it, where the wall clock measured 27-38% low rates twice in nine two-process
     calibrations on the shared 2-core machine, docs/measurements.md), else the wall clock (a
     GPU; several threads)."""
     if device is not None and device.type == "cpu" and torch.get_num_threads() == 1:
