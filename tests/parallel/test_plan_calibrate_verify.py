@@ -42,6 +42,10 @@ def test_calibrate_then_verify_a_tiny_job(tmp_path, corpus, monkeypatch, capsys)
     assert gpu.attention_tflops_by_seq[-1][0] == 64 and gpu.hbm_tbps > 0
     assert set(curves) == {f"{kind}/intra" for kind in COLLECTIVES}
     assert all(len(curve) >= 2 for curve in curves.values())
+    sync = record["measured"]["synchronous_collective"]  # a CPU process: tools/sync_cost.py
+    assert (gpu.host_collective_s, gpu.sync_skew_s) == (sync["host_collective_s"],
+                                                        sync["sync_skew_s"])
+    assert gpu.host_collective_s > 0 and gpu.sync_skew_s >= 0
 
     assert "Verify: tp 1, cp 1, pp 1, dp 2" in out and loaded.describe() in out
     for row in ("tokens/s per GPU", "compute seconds", "peak memory GiB"):

@@ -31,6 +31,7 @@ from torchtitan_like.tools.planner import (
     why_better,
 )
 from torchtitan_like.tools.planner import step_time as st
+from torchtitan_like.tools.planner.communication import tp_collectives
 from torchtitan_like.tools.planner.links import rate_at
 from torchtitan_like.tools.planner.search import complexity, rank
 
@@ -136,6 +137,26 @@ def test_collectives_exposure():
     assert parts(comms=[fsdp], cluster=cpu_like).fsdp == pytest.approx(compute + 2.0)  # whole
     pp = Comm("pp", 2, "inter-node", 50, 50e9 * 0.25)
     assert parts(comms=[pp]).pp == pytest.approx(0.25)
+
+
+def test_a_measured_synchronous_collective_cost_is_paid_per_tp_collective():
+    """tools/sync_cost.py: each TP collective (per block 8 forward and backward, 4 more when
+    the block is recomputed) adds ``host_collective_s`` to the host's dispatch (a CPU process
+    pays it on the computing thread) and ``sync_skew_s`` to the exposed TP time; a GPU without
+    them (every preset, a GPU profile) plans as before, and a layout without TP pays neither."""
+    assert H100.host_collective_s == 0.0 and H100.sync_skew_s == 0.0
+    tp = Comm("tp", 8, "intra-node", 450, 450e9)  # 1 s
+    cpu_like = dataclasses.replace(H100, host_overlaps_device=False)
+    measured = Cluster(dataclasses.replace(cpu_like, host_collective_s=1e-3, sync_skew_s=2e-3),
+                       gpus_per_node=8)
+    for layout, calls in ((Layout(tp=8), 8 * 32), (Layout(tp=8, ac="full"), 12 * 32)):
+        assert tp_collectives(M8B, layout, 2) == 2 * calls
+        plain = parts(layout, [tp], cluster=Cluster(cpu_like, gpus_per_node=8))
+        paid = parts(layout, [tp], cluster=measured)
+        assert paid.tp == pytest.approx(plain.tp + calls * 2e-3)
+        assert paid.host == pytest.approx(plain.host + calls * 1e-3)
+        assert paid.compute == plain.compute
+    assert parts(cluster=measured) == parts(cluster=Cluster(cpu_like, gpus_per_node=8))
 
 
 def test_a_measured_link_curve_prices_each_dimension_at_its_own_message_size():

@@ -5,7 +5,8 @@ Run under torchrun (``python -m torchtitan_like.launch --nproc_per_node N -m
 torchtitan_like.tools.plan_cli --calibrate PROFILE ...`` on every node), or plainly: ttl-plan
 then launches itself on one node with ``--nproc`` processes. Every rank measures at once, as
 the ranks of a step compute at once (on a CPU they share cores and memory), with the threads
-the launcher gives it; a rate is the slowest rank's. Measured, at the planned job's shapes
+the launcher gives it (a one-thread CPU process timed by its own CPU clock:
+``compute_clock``); a rate is the slowest rank's. Measured, at the planned job's shapes
 (its model, sequence length, microbatch, TP and CP degrees, compute dtype):
 
 - **matmul**: every weight matmul of a block and the output head, forward and both backward
@@ -16,6 +17,9 @@ the launcher gives it; a rate is the slowest rank's. Measured, at the planned jo
 - **element-wise bandwidth**: a product of two feed-forward-wide activations (3 crossings);
 - **host dispatch**: per eager op, through DTensor, compiled (when the job compiles) and per
   FSDP unit (tools/host_dispatch.py);
+- **a synchronous collective's cost beyond its transfer** on a CPU process (over the job's TP
+  group, else the node's processes): its main-thread work and the wait for the slower rank
+  (tools/sync_cost.py);
 - **collectives** inside a node (a group of its processes) and, with several nodes, across
   them (one process per node): all-gather, reduce-scatter, all-reduce, all-to-all and
   send/recv (a ring of batched pairs) at message sizes from 64 KiB to twice the job's
@@ -47,6 +51,7 @@ from torchtitan_like.tools.planner.hardware import gpu_to_dict, write_profile
 from torchtitan_like.tools.planner.inputs import CPU, GPU, GPUS, Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.overheads import gemm_shapes
 from torchtitan_like.tools.planner.step_time import ATTENTION_PASS_FLOPS
+from torchtitan_like.tools.sync_cost import measure_sync_costs, sync_group
 
 SWEEP = tuple(4**k for k in range(8, 15))
 """Message sizes (bytes a ring step) of the collective curves: 64 KiB, x4 up to the first one
@@ -84,6 +89,18 @@ def fastest_seconds(fn: Callable[[], object], device: torch.device | None = None
     return best
 
 
+def compute_clock(device: torch.device | None) -> Callable[[], float]:
+    """The clock the compute rates are timed by: a one-thread CPU process's own CPU clock
+    (``time.thread_time``: it computes on that thread, and the verify run counts its compute
+    by the same clock; another tenant's process taking the core then delays the run without
+    lengthening it, where the wall clock measured 27-38% low rates twice in nine two-process
+    calibrations on the shared 2-core machine, docs/measurements.md), else the wall clock (a
+    GPU; several threads)."""
+    if device is not None and device.type == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter
+
+
 def _slowest(value: float, device: torch.device, group: dist.ProcessGroup | None = None,
              op: dist.ReduceOp.RedOpType = dist.ReduceOp.MAX) -> float:
     """``value`` reduced over ``group`` (the world): every rank gets the same number."""
@@ -114,7 +131,8 @@ def measure_gemm(m: ModelShape, layout: Layout, tokens: int, dtype: str,
     flops = seconds = 0.0
     for (rows, inner, cols), count in counts.items():
         flops += count * 2 * rows * inner * cols
-        seconds += count * fastest_seconds(_matmul(rows, inner, cols, dtype, device), device, 0.05)
+        seconds += count * fastest_seconds(_matmul(rows, inner, cols, dtype, device), device,
+                                           0.05, clock=compute_clock(device))
     return flops / seconds / 1e12
 
 
@@ -131,7 +149,8 @@ def measure_attention(m: ModelShape, layout: Layout, batch: int, seq: int,
         sdpa(*qkv, is_causal=True).sum().backward()
 
     forward = 4 * batch * seq * seq * heads * m.head_dim / 2  # causal, as step_time counts
-    return forward * ATTENTION_PASS_FLOPS / fastest_seconds(attend, device) / 1e12
+    return forward * ATTENTION_PASS_FLOPS / fastest_seconds(
+        attend, device, clock=compute_clock(device)) / 1e12
 
 
 def measure_bandwidth(m: ModelShape, layout: Layout, tokens: int, dtype: torch.dtype,
@@ -139,7 +158,8 @@ def measure_bandwidth(m: ModelShape, layout: Layout, tokens: int, dtype: torch.d
     """TB/s of an element-wise product of two feed-forward-wide activations."""
     a, b = (torch.randn(tokens, m.ffn_hidden_dim // layout.tp, device=device, dtype=dtype)
             for _ in range(2))
-    return 3 * a.numel() * a.element_size() / fastest_seconds(lambda: a * b, device) / 1e12
+    return 3 * a.numel() * a.element_size() / fastest_seconds(
+        lambda: a * b, device, clock=compute_clock(device)) / 1e12
 
 
 def _collective(kind: str, nbytes: int, group: dist.ProcessGroup, device: torch.device
@@ -315,14 +335,18 @@ def calibrate(m: ModelShape, work: Workload, layout: Layout, device: torch.devic
     host = {name: _slowest(value, device)
             for name, value in measure_host_costs(device, layout.compile).items()}
     sizes = sweep(largest_message(m, work, layout, dist.get_world_size()))
+    groups = _groups()
     collectives = {scope: measure_collectives(group, device, sizes)
-                   for scope, group in _groups().items()}
+                   for scope, group in groups.items()}
+    sync_on = sync_group(layout, groups.get("intra")) if device.type == "cpu" else None
+    sync = measure_sync_costs(m, work, layout, sync_on, device, lambda v: _slowest(v, device)) \
+        if sync_on is not None else {}
     gpu = _base_gpu(device, per_node)
     peak = gpu.peak_tflops or max(gemm.values())
     fields = {**vars_of(gpu), "peak_tflops": peak, "gemm_efficiency": gemm["bfloat16"] / peak,
               "attention_efficiency": attention[-1][1] / peak, "hbm_tbps": bandwidth,
               "gemm_tflops_by_dtype": tuple(gemm.items()), **host,
-              "attention_tflops_by_seq": tuple(tuple(p) for p in attention)}
+              "attention_tflops_by_seq": tuple(tuple(p) for p in attention), **sync}
     curves = []
     for scope, measured in collectives.items():
         curves += [(f"{kind}/{scope}", tuple(tuple(p) for p in measured[kind]))
@@ -341,7 +365,8 @@ def calibrate(m: ModelShape, work: Workload, layout: Layout, device: torch.devic
         "job": {**job, **job_fields(work, layout), "tokens_per_matmul": tokens},
         "gpu": gpu_to_dict(GPU(**fields)),
         "measured": {"gemm_tflops": gemm, "attention_tflops_by_seq": attention,
-                     "elementwise_tbps": bandwidth, "host": host, "collectives": collectives},
+                     "elementwise_tbps": bandwidth, "host": host, "collectives": collectives,
+                     "synchronous_collective": sync},
         "seconds": round(time.perf_counter() - started, 1),
     }
 

@@ -56,7 +56,7 @@ def communication(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
         comms.append(Comm(dim, group, name, nbytes / seconds, nbytes, hops, latency))
 
     # Innermost first: [pp, dp_replicate, dp_shard, cp, tp].
-    tp_calls = microbatches * (8 * layers + 4 * recomputed)  # half gathers, half reductions
+    tp_calls = tp_collectives(m, layout, microbatches)  # half gathers, half reductions
     tp_half = (tp_calls / 2 * ring_volume(t, sbh / cp), tp_calls / 2 * (t - 1))
     add("tp", t, t, ("all_gather", *tp_half), ("reduce_scatter", *tp_half))
     if cp > 1:  # K/V forward and backward, their gradients back (ring.py)
@@ -84,6 +84,16 @@ def communication(m: ModelShape, cluster: Cluster, work: Workload, layout: Layou
     sends = microbatches * layout.stages_per_rank * 2
     add("pp", pp, cluster.num_gpus, ("send_recv", sends * sbh / (t * cp), sends))
     return comms
+
+
+def tp_collectives(m: ModelShape, layout: Layout, microbatches: int) -> int:
+    """TP/SP collectives the busiest pipeline rank issues per step (0 without TP): per block
+    two all-gathers and two reduce-scatters forward, as many backward, a recomputed forward's
+    four again (the embedding's and head's few left out)."""
+    if layout.tp == 1:
+        return 0
+    layers = busiest_rank_layers(m, layout)
+    return microbatches * (8 * layers + 4 * sum(checkpointed(layout.ac, layers)))
 
 
 def fsdp_gathers(layout: Layout, microbatches: int) -> int:

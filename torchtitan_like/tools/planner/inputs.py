@@ -114,6 +114,14 @@ class GPU:
     FLOPs counted as step_time.py counts them, in the job's compute dtype: when given, the
     attention term runs at the rate interpolated at the job's sequence length (linear in log
     length) instead of ``peak_tflops x attention_efficiency``."""
+    host_collective_s: float = 0.0
+    """Main-thread seconds one synchronous TP collective costs a CPU process beside its
+    transfer (DTensor's redistribution: its Python, gloo's input clone, the gathered shards'
+    copy into place), measured by ``ttl-plan --calibrate`` (tools/sync_cost.py); 0: not
+    measured (the presets, a GPU profile)."""
+    sync_skew_s: float = 0.0
+    """Seconds each synchronous TP collective waits for the slower rank beyond its transfer
+    (the ranks' skew at it), measured likewise; 0: not measured."""
 
 
 # Peaks: vendor datasheets (dense, no sparsity). gemm_efficiency: the "Maximum Achievable

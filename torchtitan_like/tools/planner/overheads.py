@@ -38,16 +38,18 @@ block's forward and backward on tiny tensors, where nothing but dispatch is left
 a tensor-parallel block's ops go through DTensor (``GPU.host_dtensor_op_s`` more each, the same
 measurement with the block's TP plan on a one-rank mesh); a compiled block dispatches
 ``GPU.host_compiled_share`` of the eager cost (measured likewise, compiled); FSDP's hooks cost
-``GPU.host_fsdp_unit_s`` per unit and microbatch. A GPU runs the ops the host queued, so the
-host delays the step only by what exceeds the device's own time; a CPU process dispatches on
-the thread that computes, so there it adds whole.
+``GPU.host_fsdp_unit_s`` per unit and microbatch; each synchronous TP collective
+``GPU.host_collective_s`` (a CPU process's redistribution work on the computing thread,
+measured by ``ttl-plan --calibrate``: tools/sync_cost.py; 0 unless measured). A GPU runs
+the ops the host queued, so the host delays the step only by what exceeds the device's own
+time; a CPU process dispatches on the thread that computes, so there it adds whole.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from torchtitan_like.tools.planner.communication import fsdp_gathers
+from torchtitan_like.tools.planner.communication import fsdp_gathers, tp_collectives
 from torchtitan_like.tools.planner.optimizer import orthogonalization_seconds
 from torchtitan_like.tools.planner.schedule import busiest_rank_layers, checkpointed
 
@@ -139,4 +141,5 @@ def host_seconds(m: ModelShape, gpu: GPU, layout: Layout, microbatches: int) -> 
         per_op += gpu.host_dtensor_op_s
     blocks = (layers + recomputed / 3) * OPS_PER_BLOCK * per_op  # a recompute: a forward
     units = (layers + 2) * gpu.host_fsdp_unit_s if layout.fsdp_enabled else 0.0
-    return microbatches * (blocks + units)
+    collectives = tp_collectives(m, layout, microbatches) * gpu.host_collective_s
+    return microbatches * (blocks + units) + collectives

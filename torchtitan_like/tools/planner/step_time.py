@@ -23,7 +23,8 @@
                 moe.routed_forward_share), TorchTitan's also every other matmul
                 (``layout.op_sac_every_other_matmul``: one more forward of those)
     tp          TP/SP all-gathers and reduce-scatters sit on the critical path; async TP is
-                not credited (``ASYNC_TP``)
+                not credited (``ASYNC_TP``); with a measured ``GPU.sync_skew_s`` (a CPU
+                profile: tools/sync_cost.py) each also waits that long for the slower rank
     cp          ring attention's K/V traffic that no step's compute hides, and its
                 element-wise merges (ring.py: per step, against one chunk's attention)
     fsdp        FSDP/HSDP all-gathers and reduce-scatters overlap compute up to its length;
@@ -63,6 +64,7 @@ from torchtitan_like.tools.planner.activations import (
     routed_elements,
 )
 from torchtitan_like.tools.planner.calibration import CALIBRATION, Calibration
+from torchtitan_like.tools.planner.communication import tp_collectives
 from torchtitan_like.tools.planner.hardware import DTYPE_NAMES, gemm_rate
 from torchtitan_like.tools.planner.inputs import Cluster, Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.links import Comm, rate_at
@@ -256,6 +258,7 @@ def estimate_step_time(m: ModelShape, cluster: Cluster, work: Workload, layout: 
     compute = gemm + attention + memory_bound + recompute
     seconds = {c.dim: c.seconds for c in comms}
     tp = seconds.get("tp", 0.0)  # async TP: no share hidden (ASYNC_TP)
+    tp += tp_collectives(m, layout, microbatches) * cluster.gpu.sync_skew_s
     ring = ring_time(m, work, layout, microbatches,
                      attention_rate(cluster, work.seq_len // layout.cp),
                      calibration.ring_efficiency, next((c for c in comms if c.dim == "cp"), None),
