@@ -6,7 +6,7 @@
   names: ``tied_aliases`` finds them, and checkpoints store it once, under its first name, from
   which a pipeline stage holding only the second name loads its copy and its Adam state
   (components/checkpoint/states.py). The multi-process side (PP=2 against one process, and a
-  one-process checkpoint resumed under PP=2) is tests/e2e/test_custom_model_fork.py.
+  one-process checkpoint resumed under PP=2) is tests/parallel/test_custom_model_fork.py.
 """
 
 import dataclasses

@@ -3,7 +3,7 @@ before torchrun, in ``python -m torchtitan_like.train`` and in ttl-ablate's per-
 A class that does not exist or is not a Trainer is one ``config error`` line, exit 2, before
 any process starts. That the named class then trains (through run_train.sh, ttl-ablate and the
 test worker) is shown by tests/e2e/test_run_train.py, tests/e2e/test_ablation_sweep.py and
-tests/e2e/test_custom_model_fork.py."""
+tests/parallel/test_custom_model_fork.py."""
 
 import sys
 
