@@ -13,8 +13,9 @@ TT_EXTRAS="${TT_EXTRAS:-dev,hf,parquet,plot,wandb,mlflow,ft}" source scripts/ens
 [[ $# -eq 0 ]] || exec "$PYTHON" -m pytest -q "$@"
 
 # Two lanes (docs/testing.md, "Two lanes"): tests/e2e, whose launches spend most of their time
-# starting and stopping processes (one core busy or none), beside tests/unit and tests/parallel,
-# whose ranks compute; one launch at a time in each lane. The e2e lane runs in a process group
+# starting and stopping processes (one core busy or none), beside the rest of tests/ (unit and
+# parallel: in-process work and ranks that compute; a new folder joins this lane), one launch
+# at a time in each lane. The e2e lane runs in a process group
 # of its own (job control on), so an interrupt reaches it through the trap, and its output is
 # printed when it ends.
 log="$(mktemp -t ttl-e2e-lane.XXXXXX)"
@@ -23,13 +24,13 @@ set -m
 e2e=$!
 set +m
 trap 'kill -INT -- "-$e2e" 2>/dev/null || true; wait "$e2e" 2>/dev/null || true; exit 130' INT TERM
-echo "[run_tests] tests/e2e runs beside tests/unit and tests/parallel; its output: $log"
+echo "[run_tests] tests/e2e runs beside the rest of tests/; its output: $log"
 start=$SECONDS
-rest=0 && "$PYTHON" -m pytest -q tests/unit tests/parallel || rest=$?
+rest=0 && "$PYTHON" -m pytest -q tests --ignore=tests/e2e || rest=$?
 e2e_rc=0 && wait "$e2e" || e2e_rc=$?
 trap - INT TERM
 echo "===== tests/e2e (the lane beside) ====="
 cat "$log" && rm -f "$log"
-echo "[run_tests] tests/unit + tests/parallel: exit $rest; tests/e2e: exit $e2e_rc;" \
+echo "[run_tests] tests/ but e2e: exit $rest; tests/e2e: exit $e2e_rc;" \
      "$((SECONDS - start)) s for both lanes"
 [[ $rest -eq 0 && $e2e_rc -eq 0 ]]
