@@ -1,6 +1,7 @@
 """Failures a restart would meet again, on 2 processes through the launcher with
-``--max-restarts=2``: each ends with exactly the failing rank's line (and the launcher's repeat
-of it), exit code 4, no restart, no traceback and none of torch's banners.
+``--max-restarts=2``: each ends with one line, the launcher's repeat of the failing rank's line
+last (after rank 0's own, when the launcher did not stop it first: ``assert_one_final_line``),
+exit code 4, no restart, no traceback and none of torch's banners.
 
 - A full disk (tests/full_disk.py, installed in the workers by ``[job] custom_import``) under
   each file the job writes: the dump folder's lock record, metrics.jsonl (at step 4, while the
@@ -61,19 +62,26 @@ def launch(dump: Path, corpus: Path, overrides: list[str], extra_env: dict[str, 
 
 
 def assert_one_final_line(code: int, out: str, start: str) -> str:
-    """Exit code 4, not restarted, no traceback or banner; the rank's line, then the
-    launcher's repeat of it last. Returns the line."""
+    """Exit code 4, not restarted, no traceback or banner; the shown rank's line, then the
+    launcher's repeat of it last. Returns the line.
+
+    The console shows rank 0 (``--local-ranks-filter=0``). When the launcher names rank 0, its
+    line was logged before its record was written, so both lines are there. When it names rank
+    1 (a save or load failure that DCP gathers to every rank: rank 0 raises the same error a
+    moment later), the launcher stops rank 0 as soon as rank 1 exits, which may be before rank
+    0 logged: then the launcher's line is the only one, and still says it all."""
     assert code == 4, out[-4000:]
     for noise in ("Traceback", "restarting", "exitcode", "OMP_NUM_THREADS", "closing signal",
                   "unexpected pos", "Exception in thread"):
         assert noise not in out, (noise, out[-4000:])
-    errors = [line for line in out.splitlines() if " error: " in f" {line}"]
-    assert len(errors) == 2, out[-4000:]
-    logged, last = errors
+    *logged, last = [line for line in out.splitlines() if " error: " in f" {line}"]
     assert out.rstrip().endswith(last), out[-2000:]
     assert last.startswith(start), last
     assert last.endswith("exit code 4; not restarted: a restart would fail the same way)"), last
-    assert logged.split(" ", 1)[1] == last.rsplit(" (rank ", 1)[0], (logged, last)
+    names_rank_0 = " (rank 0, exit code" in last
+    assert (len(logged) == 1) if names_rank_0 else (len(logged) <= 1), out[-4000:]
+    for line in logged:
+        assert line.split(" ", 1)[1] == last.rsplit(" (rank ", 1)[0], (line, last)
     return last
 
 
