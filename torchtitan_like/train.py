@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -51,6 +52,9 @@ from torchtitan_like.protocols.model_spec import ModelSpec
 from torchtitan_like.protocols.step_hooks import StepHooks, attach_step_hooks
 from torchtitan_like.validate import grad_accumulation_steps
 
+if TYPE_CHECKING:
+    from torchtitan_like.distributed.pipeline_schedule import Pipeline
+
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -76,7 +80,7 @@ class Trainer:
     model_parts: list[nn.Module]  # the model, or this rank's pipeline stages, parallelized
     converters: ModelConverters  # [model] converters (Float8, ...), applied on meta
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # summed cross-entropy
-    pipeline: pipeline.Pipeline | None  # the PP schedule over model_parts (None without PP)
+    pipeline: Pipeline | None  # the PP schedule over model_parts (None without PP)
     optimizers: OptimizersContainer  # one per model part; gated by ft and the spike policy
     lr_schedulers: LRSchedulersContainer  # one per optimizer, stepped with each update
     checkpointer: CheckpointManager  # saves and resumes every Stateful below
@@ -177,10 +181,9 @@ class Trainer:
             part.train()
         self.loss_fn = checked_loss(maybe_compile_loss(cross_entropy_sum, config.compile),
                                     spec.name, self.parallel_dims.loss_parallel_enabled)
-        self.pipeline = None if stage_ids is None else pipeline.Pipeline(
+        self.pipeline = None if stage_ids is None else pipeline.build_pipeline(
             self.model_parts, stage_ids, config, self.meshes.pp, device, self.loss_fn,
-            forward_context=self.step_hooks.recording,
-        )
+            forward_context=self.step_hooks.recording)
         return spec
 
     def _build_optimizers(self, config: JobConfig, spec: ModelSpec) -> None:
