@@ -3,7 +3,7 @@ planner runs on, a bad file is refused in one line, and every term that has a me
 uses it: the gemm term at the compute dtype's measured matmul rate, the attention term at the
 rate measured nearest the job's sequence length, each collective at its own kind's curve
 (``ttl-plan --hardware``, ``ttl-ablate --hardware``). The measuring itself runs in
-tests/parallel/test_plan_calibrate_verify.py."""
+tests/e2e/test_plan_calibrate_verify.py."""
 
 import dataclasses
 import json
