@@ -14,11 +14,15 @@ top of the stack, above every layer, and closes no circle (``python -m torchtita
 runs entry.py's ``main``). The implicit
 edge from a submodule to its parent package's ``__init__`` is left out too: Python registers the
 package before running its ``__init__``, so reaching a sibling through the package is no circle.
+
+One import is also run: the trainer's and preflight's, which must not load ``torch._dynamo``.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import torchtitan_like
@@ -194,3 +198,15 @@ def test_config_imports_only_itself():
 def test_find_cycle_reports_the_circle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_a_job_without_pp_or_compile_does_not_import_dynamo():
+    """The trainer and preflight load neither ``torch._dynamo`` nor inductor (0.3 s of every
+    process's start): torch's pipelining, which imports them, is imported by a PP job only
+    (distributed/pipeline_schedule.py), compile by a job that compiles."""
+    code = ("import sys, torchtitan_like.train, torchtitan_like.preflight; "
+            "print(sorted(m for m in ('torch._dynamo', 'torch._inductor', "
+            "'torch.distributed.pipelining') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True, cwd=ROOT.parent)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
