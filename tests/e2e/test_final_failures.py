@@ -74,7 +74,9 @@ def assert_one_final_line(code: int, out: str, start: str) -> str:
     for noise in ("Traceback", "restarting", "exitcode", "OMP_NUM_THREADS", "closing signal",
                   "unexpected pos", "Exception in thread"):
         assert noise not in out, (noise, out[-4000:])
-    *logged, last = [line for line in out.splitlines() if " error: " in f" {line}"]
+    errors = [line for line in out.splitlines() if " error: " in f" {line}"]
+    assert errors, out[-4000:]
+    *logged, last = errors
     assert out.rstrip().endswith(last), out[-2000:]
     assert last.startswith(start), last
     assert last.endswith("exit code 4; not restarted: a restart would fail the same way)"), last
