@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from torchtitan_like.distributed.host_memory import keep_freed_memory
 from torchtitan_like.distributed.tied_weights import plain_name, tied_aliases
 
 
@@ -59,8 +60,8 @@ def _store(timeout: datetime.timedelta) -> dist.Store | None:
 
 def init_distributed(timeout_s: int = PROCESS_GROUP_TIMEOUT_S) -> torch.device:
     """Join the torchrun job (or a world of one without torchrun): NCCL for CUDA tensors (plus
-    gloo for CPU ones) on GPUs, gloo on CPU (CPU builds of torch have no NCCL). Returns this
-    rank's device."""
+    gloo for CPU ones) on GPUs, gloo on CPU (CPU builds of torch have no NCCL), where the
+    process keeps the memory it frees (host_memory.py). Returns this rank's device."""
     timeout = datetime.timedelta(seconds=timeout_s)
     store = _store(timeout)
     if "RANK" not in os.environ:  # plain `python -m torchtitan_like.train`: a world of one
@@ -72,6 +73,7 @@ def init_distributed(timeout_s: int = PROCESS_GROUP_TIMEOUT_S) -> torch.device:
         backend = "cpu:gloo,cuda:nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
+        keep_freed_memory()  # before gloo starts its threads (host_memory.py says why)
     if not dist.is_initialized():
         ranks = {} if store is None else {"store": store, "rank": int(os.environ["RANK"]),
                                           "world_size": int(os.environ["WORLD_SIZE"])}
