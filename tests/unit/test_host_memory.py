@@ -2,6 +2,7 @@
 glibc's allocator themselves. Each case runs in a fresh interpreter: the settings are the
 process's own, and pytest's must stay as they are."""
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -10,7 +11,8 @@ import pytest
 
 from torchtitan_like.distributed.host_memory import USER_SETTINGS, _mallopt
 
-pytestmark = pytest.mark.skipif(_mallopt() is None, reason="glibc's mallopt only")
+pytestmark = pytest.mark.skipif(_mallopt() is None or not hasattr(ctypes.CDLL(None), "mallinfo2"),
+                                reason="glibc 2.33 or later (mallopt, mallinfo2)")
 
 FREED_AND_KEPT = """
 import ctypes, sys

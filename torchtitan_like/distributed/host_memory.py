@@ -5,11 +5,13 @@ more than its mmap threshold (128 KiB, rising to at most 32 MiB) back to the ker
 heap whose free top grows past twice that, and gives each thread (gloo's transfer threads too)
 an arena of its own, which it trims apart. FSDP allocates every unit's gathered parameters and
 reduce-scatter buffers anew at each use (tens of MiB each), so the kernel maps, zeroes and
-faults them in again at every step: measured on the 100M flavor under FSDP 2 (2 processes,
-docs/measurements.md, 2026-12-05), 80-150 K minor faults and 0.6-1.3 s of system time a step
-on each rank, varying from run to run with where the allocator's heap happens to end, against
-0 faults and 0.4 s (gloo's socket reads) once the process keeps what it freed. A GPU job
-allocates its tensors from CUDA's caching allocator and is left as it is.
+faults them in again at every step: on the 100M flavor under FSDP 2 (2 processes,
+``scripts/bench_host_memory.py``, docs/measurements.md), a median 117 K minor faults and 1.2 s
+of system time a step on each rank, varying from run to run with where the heap happens to
+end, against 14 K and 0.66 s (gloo's socket reads, mostly) once the process keeps what it
+freed; the median step 7.9 -> 7.05 s. As with CUDA's allocator, the process then holds its
+high-water mark until it exits. A GPU job allocates its tensors from CUDA's caching allocator
+and is left as it is.
 
 Settings a user gives glibc themselves (``MALLOC_*`` or ``GLIBC_TUNABLES``), or another
 allocator preloaded (jemalloc, tcmalloc), are theirs: nothing is changed then.
@@ -38,12 +40,17 @@ def _mallopt() -> Callable[[int, int], int] | None:
     return libc.mallopt
 
 
+def users_own_allocator() -> bool:
+    """Whether the user set glibc's allocator or preloaded another one."""
+    return any(name in os.environ for name in USER_SETTINGS) or \
+        "malloc" in os.environ.get("LD_PRELOAD", "")
+
+
 def keep_freed_memory() -> bool:
     """Make this process's malloc keep what it frees: one arena for every thread, blocks from
-    the heap only (never mapped apart), the heap never trimmed. Call before the process group
-    starts its threads. Returns whether the settings were applied."""
-    if any(name in os.environ for name in USER_SETTINGS) or \
-            "malloc" in os.environ.get("LD_PRELOAD", ""):
+    the heap only (never mapped apart), the heap trimmed only past 2 GiB free. Call before the
+    process group starts its threads. Returns whether the settings were applied."""
+    if users_own_allocator():
         return False
     mallopt = _mallopt()
     if mallopt is None:
