@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(_mallopt() is None or not hasattr(ctypes.CDLL(No
                                 reason="glibc 2.33 or later (mallopt, mallinfo2)")
 
 FREED_AND_KEPT = """
-import ctypes, sys
+import ctypes
 from torchtitan_like.distributed.host_memory import keep_freed_memory
 
 class Info(ctypes.Structure):
