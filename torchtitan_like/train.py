@@ -296,9 +296,8 @@ class Trainer:
     def global_sum(self, loss: torch.Tensor) -> torch.Tensor:
         """Sum loss shares over the ranks that hold them: data/context-parallel ranks, then the
         pipeline ranks (only the last stage has a nonzero share)."""
-        return dist_utils.all_reduce_sum(
-            dist_utils.all_reduce_sum(loss, self.meshes.dp_cp), self.meshes.pp
-        )
+        over_dp_cp = dist_utils.all_reduce_sum(loss, self.meshes.dp_cp)
+        return dist_utils.all_reduce_sum(over_dp_cp, self.meshes.pp)
 
     def validate(self) -> float:
         """Mean loss over the fixed global held-out set (components/validation.py)."""
@@ -335,9 +334,7 @@ class Trainer:
             export_last_save(self.config, self.checkpointer.folder, self.step)
         self.metrics.close()
         self.profiler.close()
-        folder, m = self.config.job.dump_folder, self.config.metrics
-        tb = f", TensorBoard: tensorboard --logdir {folder}/{m.save_tb_folder}"
-        logger.info(f"done: metrics in {folder}/metrics.jsonl{tb if m.enable_tensorboard else ''}")
+        logger.info(f"done: {self.metrics.where()}")
 
     @property
     def tokens_per_rank_step(self) -> int:

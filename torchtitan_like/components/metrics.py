@@ -316,6 +316,13 @@ class MetricsLogger:
             with writing(tracker.what):
                 tracker.log(record["step"], record)
 
+    def where(self) -> str:
+        """Where this run's records are, for the job's last console line."""
+        jsonl = f"metrics in {self.dump_folder}/metrics.jsonl"
+        if self.tb_folder is None:
+            return jsonl
+        return f"{jsonl}, TensorBoard: tensorboard --logdir {self.dump_folder}/{self.tb_folder}"
+
     def close(self) -> None:
         """Close the file and the trackers (again: a no-op; TensorBoard's buffered events are
         written). Nothing is written, or reopened, afterwards."""
