@@ -5,8 +5,9 @@ the job with the real trainer; ttl-plan plans with the profile, prints predicted
 measured and appends the pair to the history, whose error the next plan reports.
 
 Checked: the profile's format (it loads back into a GPU the planner runs on, every measured
-curve present and ascending, the versions and date recorded), the verify table and the
-history record. No timing is asserted (a test must not depend on the machine's speed).
+curve present and ascending, the versions and date recorded, the pace probe read twice), the
+verify table, the pace line and the history record. No timing is asserted (a test must not
+depend on the machine's speed).
 """
 
 import json
@@ -46,6 +47,8 @@ def test_calibrate_then_verify_a_tiny_job(tmp_path, corpus, monkeypatch, capsys)
     assert (gpu.host_collective_s, gpu.sync_skew_s) == (sync["host_collective_s"],
                                                         sync["sync_skew_s"])
     assert gpu.host_collective_s > 0 and gpu.sync_skew_s >= 0
+    assert set(loaded.pace) == {"matmul_tflops", "dispatch_us"}
+    assert all(len(readings) == 2 for readings in loaded.pace.values())
 
     assert "Verify: tp 1, cp 1, pp 1, dp 2" in out and loaded.describe() in out
     for row in ("tokens/s per GPU", "compute seconds", "peak memory GiB"):
@@ -54,6 +57,8 @@ def test_calibrate_then_verify_a_tiny_job(tmp_path, corpus, monkeypatch, capsys)
     assert entry["hardware"] == str(profile) and entry["processes"] == 2
     assert {"tokens_per_second_per_gpu", "peak_memory", "compute"} <= set(entry["ratios"])
     assert entry["measured"]["peak_gib_per_pipeline_rank"][0] > 0
+    assert f"Pace against {profile}" in out
+    assert set(entry["pace_ratios"]) == {"matmul_tflops", "dispatch_us"}
 
     assert plan_cli.main(["--config", "train_configs/debug_model.toml", "--num_gpus", "2",
                           "--hardware", str(profile), "--history", str(history), "--",

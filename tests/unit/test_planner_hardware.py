@@ -2,7 +2,9 @@
 planner runs on, a bad file is refused in one line, and every term that has a measured rate
 uses it: the gemm term at the compute dtype's measured matmul rate, the attention term at the
 rate measured nearest the job's sequence length, each collective at its own kind's curve
-(``ttl-plan --hardware``, ``ttl-ablate --hardware``). The measuring itself runs in
+(``ttl-plan --hardware``, ``ttl-ablate --hardware``). A verify run's pace is set against the
+profile's, and a run off that pace is flagged and left out of the planner's error on its
+history (tools/verify.py). The measuring itself runs in
 tests/e2e/test_plan_calibrate_verify.py."""
 
 import dataclasses
@@ -33,6 +35,13 @@ from torchtitan_like.tools.planner.hardware import (
 )
 from torchtitan_like.tools.planner.inputs import LayoutError
 from torchtitan_like.tools.planner.links import rate_at
+from torchtitan_like.tools.verify import (
+    append_history,
+    history_lines,
+    pace_lines,
+    pace_ratios,
+    paced,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CURVE = ((2.0**16, 0.5), (2.0**24, 1.0))
@@ -44,17 +53,20 @@ MEASURED = dataclasses.replace(
                      ("reduce_scatter/intra", tuple((b, r / 2) for b, r in CURVE))))
 
 
+PACE = {"matmul_tflops": [0.10, 0.102], "dispatch_us": [2.0, 2.0]}
+
+
 def _profile(tmp_path: Path, gpu=MEASURED) -> Path:
     path = tmp_path / "profile.json"
     write_profile(path, {"date": "2026-12-04T12:00:00+00:00", "host": {"torch": "2.13.0"},
                          "processes": {"world_size": 2, "per_node": 2, "nodes": 1},
-                         "gpu": gpu_to_dict(gpu)})
+                         "gpu": gpu_to_dict(gpu), "pace": PACE})
     return path
 
 
 def test_a_profile_round_trips_into_the_same_gpu(tmp_path):
     profile = load_profile(_profile(tmp_path))
-    assert profile.gpu == MEASURED and profile.gpus_per_node == 2
+    assert profile.gpu == MEASURED and profile.gpus_per_node == 2 and profile.pace == PACE
     assert json.loads((tmp_path / "profile.json").read_text())["format"] == FORMAT
     assert "measured 2026-12-04 (torch 2.13.0)" in profile.describe()
 
@@ -64,6 +76,7 @@ def test_a_profile_round_trips_into_the_same_gpu(tmp_path):
     (lambda d: d["gpu"].update(speed=1), "unknown gpu field(s) speed"),
     (lambda d: d["gpu"].update(attention_tflops_by_seq=[[2, 1], [1, 1]]), "must ascend"),
     (lambda d: d.pop("host"), "no 'host'"),
+    (lambda d: d.update(pace={"matmul_tflops": [0.0]}), "pace must map"),
 ])
 def test_a_bad_profile_is_refused_in_one_line(tmp_path, capsys, edit, message):
     path = _profile(tmp_path)
@@ -112,3 +125,23 @@ def test_ttl_plan_and_ttl_ablate_plan_with_the_profile(tmp_path, capsys):
     memory, speed = sweep.planned(sweep.variants[0])
     assert memory > 0 and speed > 0
     assert gpu_from_dict(gpu_to_dict(MEASURED)) == MEASURED
+
+
+def test_a_run_off_the_profiles_pace_is_flagged_and_left_out_of_the_error(tmp_path):
+    """The pace ratio is the reading pair furthest from 1 (a matmul's rate: now / then; a
+    dispatch's time: then / now); beyond PACE_TOLERANCE the run is flagged, recorded, and
+    left out of the history's error, counted."""
+    steady = pace_ratios(PACE, {"matmul_tflops": [0.099, 0.101], "dispatch_us": [2.1, 1.9]})
+    assert steady == pytest.approx({"matmul_tflops": 0.099 / 0.102, "dispatch_us": 2.0 / 1.9})
+    assert paced(steady) and len(pace_lines(steady, "p.json")) == 1
+    slowed = pace_ratios(PACE, {"matmul_tflops": [0.05, 0.1], "dispatch_us": [4.0, 2.0]})
+    assert slowed == pytest.approx({"matmul_tflops": 0.05 / 0.102, "dispatch_us": 0.5})
+    assert not paced(slowed) and pace_lines(slowed, "p.json")[1].startswith("warning: ")
+    assert pace_ratios({}, {"matmul_tflops": [0.1]}) == {}  # a profile without a probe
+    history = tmp_path / "history.jsonl"
+    for pace, tokens in ((steady, 1.05), (slowed, 0.55), ({}, 0.95)):
+        append_history(history, {"ratios": {"tokens_per_second_per_gpu": tokens},
+                                 "pace_ratios": pace})
+    assert history_lines(history) == [
+        f"Verified on this machine ({history}, 2 run(s), 1 more off their profile's pace "
+        "left out): tokens/s predicted/measured median 1.00, 0.95-1.05"]

@@ -24,7 +24,10 @@ the launcher gives it (a one-thread CPU process timed by its own CPU clock:
   them (one process per node): all-gather, reduce-scatter, all-reduce, all-to-all and
   send/recv (a ring of batched pairs) at message sizes from 64 KiB to twice the job's
   largest (``sweep``), each rate the bytes a rank sends over the seconds beyond the hop
-  latency (a 64-byte call's, per hop).
+  latency (a 64-byte call's, per hop);
+- **pace**: a fixed probe, at the start and at the end (``measure_pace``), which ``--verify``
+  reads again around its steps, so that it says when the machine it measures no longer runs
+  at the pace of the profile it predicts with.
 
 Every rank derives each collective's call count from the message size alone, never from its
 own clock, so no rank issues a call the others do not join (a per-rank clock-based count
@@ -107,6 +110,28 @@ def _slowest(value: float, device: torch.device, group: dist.ProcessGroup | None
     t = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=op, group=group)
     return t.item()
+
+
+PACE_MATMUL = {"cpu": 512, "cuda": 8192}
+"""The pace probe's square matmul, fp32 on a CPU (fast on any x86-64: AVX2-only ones run bf16
+at 1-3 GFLOP/s), bf16 on a GPU."""
+
+
+def measure_pace(device: torch.device) -> dict[str, float]:
+    """The machine's pace by a fixed probe, every rank at once (the slowest rank's): a square
+    matmul's TFLOP/s and one tiny eager op's microseconds (its dispatch), fastest of three runs
+    by ``compute_clock``; the same shapes on every run of every job, so that two readings
+    compare the machine with itself (tools/verify.py: ``pace_ratios``). Repeats within ~2%
+    on a steady machine (docs/planner.md, "Verify")."""
+    n = PACE_MATMUL[device.type]
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    one, clock = torch.ones(1, device=device), compute_clock(device)
+    dist.barrier()
+    matmul = fastest_seconds(lambda: a @ b, device, min_seconds=0.1, clock=clock)
+    dispatch = fastest_seconds(lambda: one.add(one), device, min_seconds=0.1, clock=clock)
+    return {"matmul_tflops": _slowest(2 * n**3 / matmul / 1e12, device, op=dist.ReduceOp.MIN),
+            "dispatch_us": _slowest(dispatch * 1e6, device)}
 
 
 def _matmul(rows: int, inner: int, cols: int, dtype: str, device: torch.device
@@ -315,7 +340,7 @@ def calibrate(m: ModelShape, work: Workload, layout: Layout, device: torch.devic
               job: dict[str, Any]) -> dict[str, Any]:
     """Every measurement of the module docstring, on this rank; the profile record (every
     rank gets the same one)."""
-    started = time.perf_counter()
+    started, pace = time.perf_counter(), [measure_pace(device)]
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     tokens = layout.local_batch_size * work.seq_len // layout.cp
     compute = DTYPES.get({4: "float32", 2: "bfloat16"}[work.precision.compute_bytes],
@@ -358,6 +383,7 @@ def calibrate(m: ModelShape, work: Workload, layout: Layout, device: torch.devic
     fields["collective_gbps"] = tuple(curves)
     fields["intra_node_gbps_by_message"] = ()
     world = dist.get_world_size()
+    pace.append(measure_pace(device))
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "host": host_info(device),
@@ -367,6 +393,7 @@ def calibrate(m: ModelShape, work: Workload, layout: Layout, device: torch.devic
         "measured": {"gemm_tflops": gemm, "attention_tflops_by_seq": attention,
                      "elementwise_tbps": bandwidth, "host": host, "collectives": collectives,
                      "synchronous_collective": sync},
+        "pace": {key: [p[key] for p in pace] for key in pace[0]},
         "seconds": round(time.perf_counter() - started, 1),
     }
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from torchtitan_like.tools.planner import Cluster, Layout, LayoutError, ModelShape, Plan, Workload
+from torchtitan_like.tools.planner.hardware import load_profile
 from torchtitan_like.tools.verify import (
     LAUNCH_ENV,
     append_history,
@@ -21,6 +22,8 @@ from torchtitan_like.tools.verify import (
     history_lines,
     launch_command,
     measure,
+    pace_lines,
+    pace_ratios,
     report_lines,
     summarize,
 )
@@ -140,9 +143,12 @@ def verify(args: argparse.Namespace, argv: list[str],
     print(f"Verify: {result.layout.label()} on {cluster.num_gpus} x {cluster.gpu.name}, "
           f"{args.verify_steps} timed steps after {args.verify_warmup} (fastest step)")
     print("\n".join(report_lines(expected, measured, ratios)))
+    pace = pace_ratios(load_profile(args.hardware).pace, measured["pace"]) \
+        if args.hardware else {}
+    print("\n".join(pace_lines(pace, args.hardware)))
     append_history(args.history, {
         **job, "layout": result.layout.label(), "processes": cluster.num_gpus,
         "hardware": args.hardware or f"preset {args.gpu}", "gpu": cluster.gpu.name,
-        "predicted": expected, "measured": measured, "ratios": ratios})
+        "predicted": expected, "measured": measured, "ratios": ratios, "pace_ratios": pace})
     print("\n".join(history_lines(args.history)))
     return 0

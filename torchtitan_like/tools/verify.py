@@ -16,7 +16,11 @@ it measures: MemTracker on a CPU (tools/memory.py: ``measure_train_step``), CUDA
   that thread's clock still; **waiting** is the step less it: exposed communication, bubble and
   whatever else stalls the step (the planner's exposed communication + bubble);
 - on a GPU the trainer's work is asynchronous to the host: compute is not separated there
-  (only the step, tokens/s and memory are compared).
+  (only the step, tokens/s and memory are compared);
+- **pace**: calibrate.py's fixed probe before the first step and after the timed ones. Set
+  against the profile's readings (``pace_ratios``) it says whether the machine still runs as it
+  did when measured: on a shared host the same code runs 1.5-3x slower for an hour at a time
+  (docs/measurements.md), which a prediction from a profile of the other state cannot know.
 
 The record appended to the history: the date, the host, the config and command, the hardware
 profile (or preset) the prediction used, the predicted and measured figures and their ratios.
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -37,6 +42,10 @@ from typing import Any
 
 from torchtitan_like.launch import torchrun_argv
 
+PACE_TOLERANCE = 0.10
+"""A pace further than this from the profile's is flagged: by itself it could move the
+comparison by the planner's whole 10% bar; the probe repeats within 2-4% on a steady machine
+(docs/planner.md, "Verify")."""
 LAUNCH_ENV = {"TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1", "PYTHONWARNINGS": "ignore"}
 
 
@@ -93,6 +102,7 @@ def worker(spec_file: str, out_file: str) -> None:
 
     from torchtitan_like.distributed.lifecycle import exit_process
     from torchtitan_like.distributed.utils import init_distributed
+    from torchtitan_like.tools.calibrate import measure_pace
     from torchtitan_like.train import Trainer
     from torchtitan_like.validate import parse_args
 
@@ -104,7 +114,7 @@ def worker(spec_file: str, out_file: str) -> None:
     trainer = Trainer(config, device)
     data = iter(trainer.dataloader)
     batches = [next(data) for _ in range(trainer.grad_accumulation_steps)]
-    steps = []
+    steps, pace = [], [measure_pace(device)]
     for i in range(spec["warmup"] + spec["steps"]):
         fresh = copy.deepcopy(batches)  # CP shards a batch in place
         dist.barrier()
@@ -118,8 +128,9 @@ def worker(spec_file: str, out_file: str) -> None:
         dist.barrier()
         if i >= spec["warmup"]:
             steps.append((time.perf_counter() - start, busy))
+    pace.append(measure_pace(device))
     peak = _peak_bytes(trainer)
-    mine = {"steps": steps, "peak_bytes": peak,
+    mine = {"steps": steps, "peak_bytes": peak, "pace": pace,
             "tokens_per_rank_step": trainer.tokens_per_rank_step,
             "dp": trainer.parallel_dims.dp, "device": device.type}
     ranks: list[Any] = [None] * dist.get_world_size()
@@ -163,6 +174,7 @@ def summarize(measured: dict[str, Any], pp: int) -> dict[str, Any]:
                                        / 2**30 for s in range(pp)],
         "steps_seconds": [max(r["steps"][i][0] for r in ranks)
                           for i in range(len(ranks[0]["steps"]))]}
+    out["pace"] = {key: [p[key] for p in ranks[0]["pace"]] for key in ranks[0]["pace"][0]}
     if ranks[0]["device"] == "cpu":
         compute = max(r["steps"][fastest][1] for r in ranks)
         out["compute_seconds"] = compute
@@ -180,6 +192,39 @@ def comparison(predicted: dict[str, Any], measured: dict[str, Any]) -> dict[str,
         if name in measured and measured[name] > 0:
             ratios[name.removesuffix("_seconds")] = predicted[name] / measured[name]
     return ratios
+
+
+def pace_ratios(profile: dict[str, list[float]], measured: dict[str, list[float]]
+                ) -> dict[str, float]:
+    """Per probe figure both have, the machine's speed in the verify run over its speed in
+    the profile (above 1: faster; a matmul's rate, a dispatch's inverse time), the pair of
+    readings (the profile's start and end, the run's before and after) furthest from 1."""
+    ratios = {}
+    for key in profile.keys() & measured.keys():
+        pairs = [now / then if key.endswith("tflops") else then / now
+                 for then in profile[key] for now in measured[key]]
+        ratios[key] = max(pairs, key=lambda r: abs(math.log(r)))
+    return ratios
+
+
+def paced(ratios: dict[str, float]) -> bool:
+    """Whether the machine ran within ``PACE_TOLERANCE`` of its profile's pace."""
+    return all(abs(r - 1) <= PACE_TOLERANCE for r in ratios.values())
+
+
+def pace_lines(ratios: dict[str, float], profile: str) -> list[str]:
+    """The printed pace, and a warning when it moved."""
+    if not ratios:
+        return []
+    figures = ", ".join(f"{key.split('_')[0]} {r:.2f}" for key, r in sorted(ratios.items()))
+    lines = [f"Pace against {profile} (its fixed probe, read before and after the steps; 1 = "
+             f"as calibrated): {figures}"]
+    if not paced(ratios):
+        lines.append(f"warning: this machine no longer runs at the pace {profile} measured "
+                     f"(beyond {PACE_TOLERANCE:.0%}): predicted/measured above compares two "
+                     "states of the machine, not only the plan; calibrate again (--calibrate "
+                     "with --verify measures both in one launch) when the machine is steady")
+    return lines
 
 
 def report_lines(predicted: dict[str, Any], measured: dict[str, Any],
@@ -227,17 +272,23 @@ def read_history(path: str | Path) -> list[dict[str, Any]]:
 
 def history_lines(path: str | Path) -> list[str]:
     """The planner's error on its history: per figure, the median and range of predicted over
-    measured across the recorded runs."""
+    measured across the recorded runs, those whose machine was off its profile's pace left
+    out (counted)."""
     records = read_history(path)
     if not records:
         return []
-    parts = []
+    steady = [r for r in records if paced(r.get("pace_ratios", {}))]
+    runs = f"{len(steady)} run(s)"
+    if len(steady) < len(records):
+        runs += f", {len(records) - len(steady)} more off their profile's pace left out"
+    figures = []
     for key, label in (("tokens_per_second_per_gpu", "tokens/s"), ("peak_memory", "peak memory")):
-        values = [r["ratios"][key] for r in records if key in r["ratios"]]
+        values = [r["ratios"][key] for r in steady if key in r["ratios"]]
         if values:
-            parts.append(f"{label} predicted/measured median {statistics.median(values):.2f}, "
-                         f"{min(values):.2f}-{max(values):.2f}")
-    return [f"Verified on this machine ({path}, {len(records)} run(s)): " + "; ".join(parts)]
+            figures.append(f"{label} predicted/measured median {statistics.median(values):.2f}, "
+                           f"{min(values):.2f}-{max(values):.2f}")
+    return [f"Verified on this machine ({path}, {runs})" + (": " if figures else "")
+            + "; ".join(figures)]
 
 
 if __name__ == "__main__":

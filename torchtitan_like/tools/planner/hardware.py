@@ -12,9 +12,12 @@ The file is JSON (``FORMAT``)::
      "job": {...},                                  the shapes it was measured at
      "gpu": {every field of inputs.GPU},            what the planner reads
      "measured": {...},                             the raw figures behind "gpu"
+     "pace": {"matmul_tflops": [start, end],        a fixed probe at the start and the end
+              "dispatch_us": [start, end]},         (calibrate.py: measure_pace)
      "seconds": 41.2}
 
-Only ``gpu`` and ``processes.per_node`` feed the planner; the rest says what was measured,
+Only ``gpu`` and ``processes.per_node`` feed the planner (and ``pace`` ``--verify``'s check
+that the machine still runs as it did); the rest says what was measured,
 where and with which versions, so that a profile is not silently used on other hardware or
 software (ttl-plan prints its date and torch version in the cluster line). The GPU's curves
 are (bytes per ring step, GB/s a rank sends) pairs, ascending in size (communication.py).
@@ -46,6 +49,8 @@ class HardwareProfile:
     date: str
     host: dict[str, Any]
     path: str = ""
+    pace: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    """The fixed probe's readings when it was measured (none in a profile written before it)."""
 
     def describe(self) -> str:
         """What the cluster line says of the profile."""
@@ -118,7 +123,18 @@ def load_profile(path: str | Path) -> HardwareProfile:
             raise LayoutError(f"hardware profile {path}: no {key!r}")
     per_node = int(data["processes"].get("per_node", 1))
     return HardwareProfile(gpu_from_dict(data["gpu"]), max(1, per_node), str(data["date"]),
-                           dict(data["host"]), str(path))
+                           dict(data["host"]), str(path), _pace(data.get("pace", {})))
+
+
+def _pace(value: Any) -> dict[str, list[float]]:
+    try:
+        pace = {str(key): [float(x) for x in readings] for key, readings in dict(value).items()}
+    except (TypeError, ValueError):
+        pace = {"": []}
+    if any(not readings or min(readings) <= 0 for readings in pace.values()):
+        raise LayoutError("hardware profile: pace must map each probe figure to a list of "
+                          "positive readings")
+    return pace
 
 
 def write_profile(path: str | Path, record: dict[str, Any]) -> None:
