@@ -4,7 +4,7 @@ uses it: the gemm term at the compute dtype's measured matmul rate, the attentio
 rate measured nearest the job's sequence length, each collective at its own kind's curve
 (``ttl-plan --hardware``, ``ttl-ablate --hardware``). A verify run's pace is set against the
 profile's, and a run off that pace is flagged and left out of the planner's error on its
-history (tools/verify.py). The measuring itself runs in
+history (tools/pace.py, tools/verify.py). The measuring itself runs in
 tests/e2e/test_plan_calibrate_verify.py."""
 
 import dataclasses
@@ -16,6 +16,7 @@ import pytest
 from torchtitan_like.models.llama3.args import llama3_flavors
 from torchtitan_like.tools import plan_cli
 from torchtitan_like.tools.ablate import load_sweep
+from torchtitan_like.tools.pace import drift_lines, pace_lines, pace_ratios, paced
 from torchtitan_like.tools.planner import (
     CPU,
     Cluster,
@@ -35,13 +36,7 @@ from torchtitan_like.tools.planner.hardware import (
 )
 from torchtitan_like.tools.planner.inputs import LayoutError
 from torchtitan_like.tools.planner.links import rate_at
-from torchtitan_like.tools.verify import (
-    append_history,
-    history_lines,
-    pace_lines,
-    pace_ratios,
-    paced,
-)
+from torchtitan_like.tools.verify import append_history, history_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 CURVE = ((2.0**16, 0.5), (2.0**24, 1.0))
@@ -138,6 +133,8 @@ def test_a_run_off_the_profiles_pace_is_flagged_and_left_out_of_the_error(tmp_pa
     assert slowed == pytest.approx({"matmul_tflops": 0.05 / 0.102, "dispatch_us": 0.5})
     assert not paced(slowed) and pace_lines(slowed, "p.json")[1].startswith("warning: ")
     assert pace_ratios({}, {"matmul_tflops": [0.1]}) == {}  # a profile without a probe
+    assert drift_lines(PACE) == []  # --calibrate's own start and end readings
+    assert drift_lines({"matmul_tflops": [0.1, 0.05]})[0].startswith("warning: ")
     history = tmp_path / "history.jsonl"
     for pace, tokens in ((steady, 1.05), (slowed, 0.55), ({}, 0.95)):
         append_history(history, {"ratios": {"tokens_per_second_per_gpu": tokens},

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from torchtitan_like.tools.pace import pace_lines, pace_ratios
 from torchtitan_like.tools.planner import Cluster, Layout, LayoutError, ModelShape, Plan, Workload
 from torchtitan_like.tools.planner.hardware import load_profile
 from torchtitan_like.tools.verify import (
@@ -22,8 +23,6 @@ from torchtitan_like.tools.verify import (
     history_lines,
     launch_command,
     measure,
-    pace_lines,
-    pace_ratios,
     report_lines,
     summarize,
 )

@@ -18,7 +18,7 @@ it measures: MemTracker on a CPU (tools/memory.py: ``measure_train_step``), CUDA
 - on a GPU the trainer's work is asynchronous to the host: compute is not separated there
   (only the step, tokens/s and memory are compared);
 - **pace**: calibrate.py's fixed probe before the first step and after the timed ones. Set
-  against the profile's readings (``pace_ratios``) it says whether the machine still runs as it
+  against the profile's readings (tools/pace.py) it says whether the machine still runs as it
   did when measured: on a shared host the same code runs 1.5-3x slower for an hour at a time
   (docs/measurements.md), which a prediction from a profile of the other state cannot know.
 
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -41,11 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from torchtitan_like.launch import torchrun_argv
+from torchtitan_like.tools.pace import paced
 
-PACE_TOLERANCE = 0.10
-"""A pace further than this from the profile's is flagged: by itself it could move the
-comparison by the planner's whole 10% bar; the probe repeats within 2-4% on a steady machine
-(docs/planner.md, "Verify")."""
 LAUNCH_ENV = {"TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1", "PYTHONWARNINGS": "ignore"}
 
 
@@ -192,39 +188,6 @@ def comparison(predicted: dict[str, Any], measured: dict[str, Any]) -> dict[str,
         if name in measured and measured[name] > 0:
             ratios[name.removesuffix("_seconds")] = predicted[name] / measured[name]
     return ratios
-
-
-def pace_ratios(profile: dict[str, list[float]], measured: dict[str, list[float]]
-                ) -> dict[str, float]:
-    """Per probe figure both have, the machine's speed in the verify run over its speed in
-    the profile (above 1: faster; a matmul's rate, a dispatch's inverse time), the pair of
-    readings (the profile's start and end, the run's before and after) furthest from 1."""
-    ratios = {}
-    for key in profile.keys() & measured.keys():
-        pairs = [now / then if key.endswith("tflops") else then / now
-                 for then in profile[key] for now in measured[key]]
-        ratios[key] = max(pairs, key=lambda r: abs(math.log(r)))
-    return ratios
-
-
-def paced(ratios: dict[str, float]) -> bool:
-    """Whether the machine ran within ``PACE_TOLERANCE`` of its profile's pace."""
-    return all(abs(r - 1) <= PACE_TOLERANCE for r in ratios.values())
-
-
-def pace_lines(ratios: dict[str, float], profile: str) -> list[str]:
-    """The printed pace, and a warning when it moved."""
-    if not ratios:
-        return []
-    figures = ", ".join(f"{key.split('_')[0]} {r:.2f}" for key, r in sorted(ratios.items()))
-    lines = [f"Pace against {profile} (its fixed probe, read before and after the steps; 1 = "
-             f"as calibrated): {figures}"]
-    if not paced(ratios):
-        lines.append(f"warning: this machine no longer runs at the pace {profile} measured "
-                     f"(beyond {PACE_TOLERANCE:.0%}): predicted/measured above compares two "
-                     "states of the machine, not only the plan; calibrate again (--calibrate "
-                     "with --verify measures both in one launch) when the machine is steady")
-    return lines
 
 
 def report_lines(predicted: dict[str, Any], measured: dict[str, Any],
