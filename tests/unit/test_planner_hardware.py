@@ -16,7 +16,7 @@ import pytest
 from torchtitan_like.models.llama3.args import llama3_flavors
 from torchtitan_like.tools import plan_cli
 from torchtitan_like.tools.ablate import load_sweep
-from torchtitan_like.tools.pace import drift_lines, pace_lines, pace_ratios, paced
+from torchtitan_like.tools.pace import pace_lines, pace_ratios, paced, step_shift
 from torchtitan_like.tools.planner import (
     CPU,
     Cluster,
@@ -123,22 +123,27 @@ def test_ttl_plan_and_ttl_ablate_plan_with_the_profile(tmp_path, capsys):
 
 
 def test_a_run_off_the_profiles_pace_is_flagged_and_left_out_of_the_error(tmp_path):
-    """The pace ratio is the reading pair furthest from 1 (a matmul's rate: now / then; a
-    dispatch's time: then / now); beyond PACE_TOLERANCE the run is flagged, recorded, and
-    left out of the history's error, counted."""
-    steady = pace_ratios(PACE, {"matmul_tflops": [0.099, 0.101], "dispatch_us": [2.1, 1.9]})
-    assert steady == pytest.approx({"matmul_tflops": 0.099 / 0.102, "dispatch_us": 2.0 / 1.9})
-    assert paced(steady) and len(pace_lines(steady, "p.json")) == 1
-    slowed = pace_ratios(PACE, {"matmul_tflops": [0.05, 0.1], "dispatch_us": [4.0, 2.0]})
-    assert slowed == pytest.approx({"matmul_tflops": 0.05 / 0.102, "dispatch_us": 0.5})
-    assert not paced(slowed) and pace_lines(slowed, "p.json")[1].startswith("warning: ")
-    assert pace_ratios({}, {"matmul_tflops": [0.1]}) == {}  # a profile without a probe
-    assert drift_lines(PACE) == []  # --calibrate's own start and end readings
-    assert drift_lines({"matmul_tflops": [0.1, 0.05]})[0].startswith("warning: ")
+    """Each probe figure is the run's speed over the profile's (geometric means of the
+    readings; a dispatch's time inverted); the step shift moves each term at its probe's pace
+    (the device's compute at the matmul's, the host's at the dispatch's, the rest not);
+    beyond PACE_TOLERANCE the run is flagged, recorded, and left out of the history's error,
+    counted."""
+    halved = pace_ratios(PACE, {"matmul_tflops": [0.05, 0.051], "dispatch_us": [4.0, 4.0]})
+    assert halved == pytest.approx({"dispatch_us": 0.5, "matmul_tflops": 0.5})
+    matmuls = {"gemm": 9.5, "host": 0.1, "fsdp": 0.4}  # a large model's step, seconds
+    tiny = {"gemm": 0.2, "host": 0.6, "fsdp": 0.2}  # a tiny model's: the host's dispatch
+    assert step_shift(halved, matmuls) == pytest.approx((19.0 + 0.2 + 0.4) / 10 - 1)
+    dispatch_only = pace_ratios(PACE, {"matmul_tflops": [0.1, 0.102], "dispatch_us": [4.0]})
+    assert step_shift(dispatch_only, matmuls) == pytest.approx(0.01)  # not flagged
+    assert step_shift(dispatch_only, tiny) == pytest.approx(0.6)  # flagged
+    assert step_shift({}, matmuls) == 0.0 and pace_ratios({}, PACE) == {}  # no probe
+    assert paced(0.01) and len(pace_lines(dispatch_only, 0.01, "p.json")) == 1
+    lines = pace_lines(halved, 0.96, "p.json")
+    assert "move the predicted step by +96.0%" in lines[0] and lines[1].startswith("warning: ")
     history = tmp_path / "history.jsonl"
-    for pace, tokens in ((steady, 1.05), (slowed, 0.55), ({}, 0.95)):
-        append_history(history, {"ratios": {"tokens_per_second_per_gpu": tokens},
-                                 "pace_ratios": pace})
+    for shift, tokens in ((0.01, 1.05), (0.96, 0.55), (None, 0.95)):
+        pace = {} if shift is None else {"pace_shift": shift}
+        append_history(history, {"ratios": {"tokens_per_second_per_gpu": tokens}, **pace})
     assert history_lines(history) == [
         f"Verified on this machine ({history}, 2 run(s), 1 more off their profile's pace "
         "left out): tokens/s predicted/measured median 1.00, 0.95-1.05"]

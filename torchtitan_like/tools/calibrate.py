@@ -50,7 +50,6 @@ import torch.distributed as dist
 
 from torchtitan_like.components.metrics import peak_tflops
 from torchtitan_like.tools.host_dispatch import measure_host_costs
-from torchtitan_like.tools.pace import drift_lines
 from torchtitan_like.tools.planner.hardware import gpu_to_dict, write_profile
 from torchtitan_like.tools.planner.inputs import CPU, GPU, GPUS, Layout, ModelShape, Workload
 from torchtitan_like.tools.planner.overheads import gemm_shapes
@@ -122,8 +121,7 @@ def measure_pace(device: torch.device) -> dict[str, float]:
     """The machine's pace by a fixed probe, every rank at once (the slowest rank's): a square
     matmul's TFLOP/s and one tiny eager op's microseconds (its dispatch), fastest of five runs
     by ``compute_clock``; the same shapes on every run of every job, so that two readings
-    compare the machine with itself (tools/pace.py). About 1 s; repeats within 3% (matmul)
-    and 6% (dispatch) on a steady machine (docs/measurements.md, 2026-12-05 fourth session)."""
+    compare the machine with itself (tools/pace.py). About 2 s."""
     n = PACE_MATMUL[device.type]
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
@@ -423,7 +421,5 @@ def run(m: ModelShape, work: Workload, layout: Layout, job: dict[str, Any], out:
               + f" TFLOP/s, attention {gpu['attention_tflops_by_seq'][-1][1]:.3g} TFLOP/s at "
               f"seq {gpu['attention_tflops_by_seq'][-1][0]:g}, element-wise "
               f"{gpu['hbm_tbps'] * 1e3:.3g} GB/s in {record['seconds']} s", flush=True)
-        for line in drift_lines(record["pace"]):
-            print(line, flush=True)
     exit_process(0)
     return 0

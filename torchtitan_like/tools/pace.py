@@ -1,59 +1,71 @@
 """The machine's pace against its profile's: calibrate.py's fixed probe (``measure_pace``), read
 at the start and the end of ``ttl-plan --calibrate`` and before and after ``--verify``'s
-steps, set reading against reading. On a shared host the same code runs 1.5-3x slower for an
-hour at a time (docs/measurements.md); a prediction from a profile measured in the other state
-cannot know it, and a profile measured while the pace moved is itself of no one state.
+steps. On a shared host the same code runs 1.5-3x slower for an hour at a time
+(docs/measurements.md); a prediction from a profile measured in the other state cannot know it.
+
+The readings become one figure per probe (``pace_ratios``: the run's speed over the profile's,
+geometric means of each side's readings), and those one figure for the job (``step_shift``):
+how much they alone move its predicted step, each term at the pace of the probe that stands for
+it (the device's compute at the matmul's, the host's dispatch at the dispatch's; the
+communication and the bubble as predicted). A job of large matmuls is not flagged for a
+dispatch that moved, a tiny job is.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 
 PACE_TOLERANCE = 0.10
-"""A pace further than this from the profile's is flagged: by itself it could move the
-comparison by the planner's whole 10% bar; the probe repeats within 3% (matmul) and 6%
-(dispatch) on a steady machine (calibrate.py: ``measure_pace``)."""
+"""A step shift beyond this is flagged: by itself it could move the comparison by the
+planner's whole 10% bar. Noise alone stays well under it on a steady machine: ten readings of
+the probe in a row on two processes spread 2.8% (matmul) and 5.3% (dispatch), and a shift
+weighs each by its share of the step (docs/measurements.md, 2026-12-05 fourth session)."""
+PROBED_BY = {"gemm": "matmul_tflops", "attention": "matmul_tflops",
+             "memory_bound": "matmul_tflops", "recompute": "matmul_tflops",
+             "grad_accumulation": "matmul_tflops", "optimizer": "matmul_tflops",
+             "host": "dispatch_us"}
+"""The probe figure each step term moves with (StepTime's names); the rest do not move."""
 
 
 def pace_ratios(profile: dict[str, list[float]], measured: dict[str, list[float]]
                 ) -> dict[str, float]:
-    """Per probe figure both have, the machine's speed in the verify run over its speed in
-    the profile (above 1: faster; a matmul's rate, a dispatch's inverse time), the pair of
-    readings (the profile's start and end, the run's before and after) furthest from 1."""
+    """Per probe figure both have, the machine's speed in the run over its speed in the
+    profile (above 1: faster; a matmul's rate, a dispatch's inverse time), each side the
+    geometric mean of its readings."""
     ratios = {}
-    for key in profile.keys() & measured.keys():
-        pairs = [now / then if key.endswith("tflops") else then / now
-                 for then in profile[key] for now in measured[key]]
-        ratios[key] = max(pairs, key=lambda r: abs(math.log(r)))
+    for key in sorted(profile.keys() & measured.keys()):
+        log_speed = statistics.fmean(map(math.log, measured[key])) \
+            - statistics.fmean(map(math.log, profile[key]))
+        ratios[key] = math.exp(log_speed if key.endswith("tflops") else -log_speed)
     return ratios
 
 
-def paced(ratios: dict[str, float]) -> bool:
-    """Whether the machine ran within ``PACE_TOLERANCE`` of its profile's pace."""
-    return all(abs(r - 1) <= PACE_TOLERANCE for r in ratios.values())
+def step_shift(ratios: dict[str, float], parts: dict[str, float]) -> float:
+    """The relative change of a predicted step (``parts``: StepTime's, seconds) when each
+    term runs at the pace its probe moved by (``PROBED_BY``); 0 without readings."""
+    total = sum(parts.values())
+    moved = sum(seconds / ratios.get(PROBED_BY.get(name, ""), 1.0)
+                for name, seconds in parts.items())
+    return moved / total - 1 if total > 0 else 0.0
 
 
-def pace_lines(ratios: dict[str, float], profile: str) -> list[str]:
-    """The printed pace, and a warning when it moved."""
+def paced(shift: float) -> bool:
+    """Whether the machine's pace moved the step by no more than ``PACE_TOLERANCE``."""
+    return abs(shift) <= PACE_TOLERANCE
+
+
+def pace_lines(ratios: dict[str, float], shift: float, profile: str) -> list[str]:
+    """The printed pace and its shift of the step, and a warning beyond the tolerance."""
     if not ratios:
         return []
-    figures = ", ".join(f"{key.split('_')[0]} {r:.2f}" for key, r in sorted(ratios.items()))
-    lines = [f"Pace against {profile} (its fixed probe, read before and after the steps; 1 = "
-             f"as calibrated): {figures}"]
-    if not paced(ratios):
+    figures = ", ".join(f"{key.split('_')[0]} {r:.2f}" for key, r in ratios.items())
+    lines = [f"Pace against {profile} (its fixed probe, before and after the steps; 1 = as "
+             f"calibrated): {figures}, which alone move the predicted step by {shift:+.1%}"]
+    if not paced(shift):
         lines.append(f"warning: this machine no longer runs at the pace {profile} measured "
-                     f"(beyond {PACE_TOLERANCE:.0%}): predicted/measured above compares two "
-                     "states of the machine, not only the plan; calibrate again (--calibrate "
-                     "with --verify measures both in one launch) when the machine is steady")
+                     f"(beyond {PACE_TOLERANCE:.0%} of the step): predicted/measured above "
+                     "compares two states of the machine, not only the plan; calibrate "
+                     "again (--calibrate with --verify measures both in one launch) when the "
+                     "machine is steady")
     return lines
-
-
-def drift_lines(pace: dict[str, list[float]]) -> list[str]:
-    """A warning when the probe moved between the start and the end of one calibration."""
-    ratios = pace_ratios(pace, pace)
-    if paced(ratios):
-        return []
-    moved = ", ".join(f"{key.split('_')[0]} {r:.2f}" for key, r in sorted(ratios.items()))
-    return [f"warning: the machine's pace moved during the calibration (its fixed probe, end "
-            f"against start or start against end: {moved}): the profile is of no one state "
-            "of the machine; calibrate again when it is steady"]

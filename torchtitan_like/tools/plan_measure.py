@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from torchtitan_like.tools.pace import pace_lines, pace_ratios
+from torchtitan_like.tools.pace import pace_lines, pace_ratios, step_shift
 from torchtitan_like.tools.planner import Cluster, Layout, LayoutError, ModelShape, Plan, Workload
 from torchtitan_like.tools.planner.hardware import load_profile
 from torchtitan_like.tools.verify import (
@@ -144,10 +144,12 @@ def verify(args: argparse.Namespace, argv: list[str],
     print("\n".join(report_lines(expected, measured, ratios)))
     pace = pace_ratios(load_profile(args.hardware).pace, measured["pace"]) \
         if args.hardware else {}
-    print("\n".join(pace_lines(pace, args.hardware)))
+    shift = step_shift(pace, expected["step_breakdown_seconds"])
+    print("\n".join(pace_lines(pace, shift, args.hardware)))
     append_history(args.history, {
         **job, "layout": result.layout.label(), "processes": cluster.num_gpus,
         "hardware": args.hardware or f"preset {args.gpu}", "gpu": cluster.gpu.name,
-        "predicted": expected, "measured": measured, "ratios": ratios, "pace_ratios": pace})
+        "predicted": expected, "measured": measured, "ratios": ratios, "pace_ratios": pace,
+        "pace_shift": shift})
     print("\n".join(history_lines(args.history)))
     return 0

@@ -240,7 +240,7 @@ def history_lines(path: str | Path) -> list[str]:
     records = read_history(path)
     if not records:
         return []
-    steady = [r for r in records if paced(r.get("pace_ratios", {}))]
+    steady = [r for r in records if paced(r.get("pace_shift", 0.0))]
     runs = f"{len(steady)} run(s)"
     if len(steady) < len(records):
         runs += f", {len(records) - len(steady)} more off their profile's pace left out"
