@@ -139,7 +139,7 @@ def test_a_run_off_the_profiles_pace_is_flagged_and_left_out_of_the_error(tmp_pa
     assert step_shift({}, matmuls) == 0.0 and pace_ratios({}, PACE) == {}  # no probe
     assert paced(0.01) and len(pace_lines(dispatch_only, 0.01, "p.json")) == 1
     lines = pace_lines(halved, 0.96, "p.json")
-    assert "move the predicted step by +96.0%" in lines[0] and lines[1].startswith("warning: ")
+    assert "the predicted step moves by +96.0%" in lines[0] and lines[1].startswith("warning: ")
     history = tmp_path / "history.jsonl"
     for shift, tokens in ((0.01, 1.05), (0.96, 0.55), (None, 0.95)):
         pace = {} if shift is None else {"pace_shift": shift}

@@ -61,7 +61,8 @@ def pace_lines(ratios: dict[str, float], shift: float, profile: str) -> list[str
         return []
     figures = ", ".join(f"{key.split('_')[0]} {r:.2f}" for key, r in ratios.items())
     lines = [f"Pace against {profile} (its fixed probe, before and after the steps; 1 = as "
-             f"calibrated): {figures}, which alone move the predicted step by {shift:+.1%}"]
+             f"calibrated): {figures}; at these paces the predicted step moves by "
+             f"{shift:+.1%}"]
     if not paced(shift):
         lines.append(f"warning: this machine no longer runs at the pace {profile} measured "
                      f"(beyond {PACE_TOLERANCE:.0%} of the step): predicted/measured above "
