@@ -18,9 +18,10 @@ import statistics
 
 PACE_TOLERANCE = 0.10
 """A step shift beyond this is flagged: by itself it could move the comparison by the
-planner's whole 10% bar. Noise alone stays well under it on a steady machine: ten readings of
-the probe in a row on two processes spread 2.8% (matmul) and 5.3% (dispatch), and a shift
-weighs each by its share of the step (docs/measurements.md, 2026-12-05 fourth session)."""
+planner's whole 10% bar. The probe's own noise stays under it: ten readings in a row on two
+processes spread 2.8% (matmul) and 5.3% (dispatch) in one hour of the unsteady 2-core Xeon,
+6.4% and 14.5% in another, and a shift weighs each figure by its share of the step
+(docs/measurements.md, 2026-12-05 fourth session)."""
 PROBED_BY = {"gemm": "matmul_tflops", "attention": "matmul_tflops",
              "memory_bound": "matmul_tflops", "recompute": "matmul_tflops",
              "grad_accumulation": "matmul_tflops", "optimizer": "matmul_tflops",
