@@ -23,7 +23,8 @@ it measures: MemTracker on a CPU (tools/memory.py: ``measure_train_step``), CUDA
   (docs/measurements.md), which a prediction from a profile of the other state cannot know.
 
 The record appended to the history: the date, the host, the config and command, the hardware
-profile (or preset) the prediction used, the predicted and measured figures and their ratios.
+profile (or preset) the prediction used, the predicted and measured figures and their ratios,
+and the pace against the profile with the step shift it makes (tools/pace.py).
 """
 
 from __future__ import annotations

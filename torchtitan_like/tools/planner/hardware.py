@@ -16,7 +16,7 @@ The file is JSON (``FORMAT``)::
               "dispatch_us": [start, end]},         (calibrate.py: measure_pace)
      "seconds": 41.2}
 
-Only ``gpu`` and ``processes.per_node`` feed the planner (and ``pace`` ``--verify``'s check
+Only ``gpu`` and ``processes.per_node`` feed the planner (and ``pace``, ``--verify``'s check
 that the machine still runs as it did); the rest says what was measured,
 where and with which versions, so that a profile is not silently used on other hardware or
 software (ttl-plan prints its date and torch version in the cluster line). The GPU's curves
