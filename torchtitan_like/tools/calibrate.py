@@ -121,7 +121,7 @@ def measure_pace(device: torch.device) -> dict[str, float]:
     """The machine's pace by a fixed probe, every rank at once (the slowest rank's): a square
     matmul's TFLOP/s and one tiny eager op's microseconds (its dispatch), fastest of five runs
     by ``compute_clock``; the same shapes on every run of every job, so that two readings
-    compare the machine with itself (tools/pace.py). About 2 s."""
+    compare the machine with itself (tools/pace.py). About 1.5 s on a CPU process."""
     n = PACE_MATMUL[device.type]
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
