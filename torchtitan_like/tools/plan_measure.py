@@ -145,7 +145,8 @@ def verify(args: argparse.Namespace, argv: list[str],
     pace = pace_ratios(load_profile(args.hardware).pace, measured["pace"]) \
         if args.hardware else {}
     shift = step_shift(pace, expected["step_breakdown_seconds"])
-    print("\n".join(pace_lines(pace, shift, args.hardware)))
+    for line in pace_lines(pace, shift, args.hardware):  # none without the profile's readings
+        print(line)
     append_history(args.history, {
         **job, "layout": result.layout.label(), "processes": cluster.num_gpus,
         "hardware": args.hardware or f"preset {args.gpu}", "gpu": cluster.gpu.name,
