@@ -16,7 +16,7 @@ import pytest
 from torchtitan_like.models.llama3.args import llama3_flavors
 from torchtitan_like.tools import plan_cli
 from torchtitan_like.tools.ablate import load_sweep
-from torchtitan_like.tools.pace import pace_lines, pace_ratios, paced, step_shift
+from torchtitan_like.tools.pace import PROBED_BY, pace_lines, pace_ratios, paced, step_shift
 from torchtitan_like.tools.planner import (
     CPU,
     Cluster,
@@ -36,6 +36,7 @@ from torchtitan_like.tools.planner.hardware import (
 )
 from torchtitan_like.tools.planner.inputs import LayoutError
 from torchtitan_like.tools.planner.links import rate_at
+from torchtitan_like.tools.planner.step_time import StepTime
 from torchtitan_like.tools.verify import append_history, history_lines
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,6 +138,7 @@ def test_a_run_off_the_profiles_pace_is_flagged_and_left_out_of_the_error(tmp_pa
     assert step_shift(dispatch_only, matmuls) == pytest.approx(0.01)  # not flagged
     assert step_shift(dispatch_only, tiny) == pytest.approx(0.6)  # flagged
     assert step_shift({}, matmuls) == 0.0 and pace_ratios({}, PACE) == {}  # no probe
+    assert set(PROBED_BY) <= {f.name for f in dataclasses.fields(StepTime)}  # no stale name
     assert paced(0.01) and len(pace_lines(dispatch_only, 0.01, "p.json")) == 1
     lines = pace_lines(halved, 0.96, "p.json")
     assert "the predicted step moves by +96.0%" in lines[0] and lines[1].startswith("warning: ")

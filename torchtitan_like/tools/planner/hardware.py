@@ -127,14 +127,15 @@ def load_profile(path: str | Path) -> HardwareProfile:
 
 
 def _pace(value: Any) -> dict[str, list[float]]:
+    """A profile's pace readings, checked: {figure: [positive readings]}."""
     try:
         pace = {str(key): [float(x) for x in readings] for key, readings in dict(value).items()}
+        if all(readings and min(readings) > 0 for readings in pace.values()):
+            return pace
     except (TypeError, ValueError):
-        pace = {"": []}
-    if any(not readings or min(readings) <= 0 for readings in pace.values()):
-        raise LayoutError("hardware profile: pace must map each probe figure to a list of "
-                          "positive readings")
-    return pace
+        pass
+    raise LayoutError("hardware profile: pace must map each probe figure to a list of positive "
+                      "readings")
 
 
 def write_profile(path: str | Path, record: dict[str, Any]) -> None:
